@@ -1,0 +1,2 @@
+//! Placeholder until the codec lands.
+fn main() {}

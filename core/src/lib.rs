@@ -1,0 +1,11 @@
+//! # konn-core: the tunnel engine
+//!
+//! Shared by `proxy-server` and `proxy-agent`. Two layers:
+//! - `proto`: sans-IO state machines (HTTP/2 connection, gRPC streams, the
+//!   Konnectivity dial/data/close tables). No sockets, no clock, no
+//!   randomness: time and ids are passed in.
+//! - `io`: the thread-per-core monoio runtime, io engine selection
+//!   (io_uring with epoll fallback), buffer pools, TLS, and the drivers that
+//!   pump bytes between sockets and the state machines.
+//!
+//! This crate is being built (issue "The tunnel engine"); it holds no code yet.

@@ -1,0 +1,1 @@
+//! TODO(frames): connect codec — being written.

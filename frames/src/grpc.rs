@@ -1,0 +1,1 @@
+//! TODO(frames): grpc codec — being written.

@@ -1,0 +1,1 @@
+//! TODO(frames): HTTP/2 frames — being written.

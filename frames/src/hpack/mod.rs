@@ -1,0 +1,1 @@
+//! TODO(frames): HPACK — being written.

@@ -1,0 +1,1 @@
+//! TODO(frames): packet codec — being written.

@@ -1,0 +1,5 @@
+//! Placeholder until the decoder lands.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|_data: &[u8]| {});
