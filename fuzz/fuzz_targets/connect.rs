@@ -54,13 +54,19 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(consumed <= data.len() && consumed <= limits.max_head_len as usize);
     assert_eq!(request.headers().count(), request.header_count());
-    assert!(matches!(parse_request(&data[..consumed - 1], &limits), Ok(None)));
+    assert!(matches!(
+        parse_request(&data[..consumed - 1], &limits),
+        Ok(None)
+    ));
     check_authority(request.target);
 
     let original = parts(&request);
     let serialized = serialize(&original);
     // Re-serializing can lengthen the head (LF → CRLF, "a:b" → "a: b").
-    let unbounded = Limits { max_head_len: u32::MAX, max_headers: u32::MAX };
+    let unbounded = Limits {
+        max_head_len: u32::MAX,
+        max_headers: u32::MAX,
+    };
     let (again, n) = parse_request(&serialized, &unbounded).unwrap().unwrap();
     assert_eq!(n, serialized.len());
     assert_eq!(parts(&again), original);

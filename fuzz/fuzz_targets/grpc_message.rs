@@ -53,7 +53,11 @@ fn chunks(stream: &Bytes, sizes: &[u8]) -> Vec<Bytes> {
             break;
         }
         // At most one empty chunk in a row, so the loop always progresses.
-        let size = if s == 0 && last_empty { 1 } else { usize::from(s) };
+        let size = if s == 0 && last_empty {
+            1
+        } else {
+            usize::from(s)
+        };
         last_empty = size == 0;
         out.push(rest.split_to(size.min(rest.len())));
     }

@@ -147,8 +147,10 @@ impl Deframer {
     /// [`GrpcMessageTooLarge`](Error::GrpcMessageTooLarge),
     /// [`GrpcBadCompressedFlag`](Error::GrpcBadCompressedFlag) or
     /// [`GrpcCompressed`](Error::GrpcCompressed), detected from the prefix
-    /// before any body byte is buffered. The prefix is not consumed and the
-    /// deframer keeps returning the error.
+    /// before any body byte is buffered. A prefix that arrived whole in
+    /// `chunk` is left in it; one split across chunks is partly consumed.
+    /// Either way the stream must be abandoned: the deframer keeps
+    /// returning the error.
     pub fn next(&mut self, chunk: &mut Bytes) -> Result<Option<Bytes>, Error> {
         match &mut self.state {
             State::Failed(err) => Err(*err),
