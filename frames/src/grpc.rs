@@ -1,1 +1,0 @@
-//! TODO(frames): grpc codec — being written.
