@@ -5,7 +5,7 @@ mod tls_support;
 
 use bytes::BytesMut;
 use konn_core::Error;
-use konn_core::io::tls::{Plaintext, TlsLayer};
+use konn_core::io::tls::{DEFAULT_BUFFER_LIMIT, Plaintext, TlsLayer};
 use tls_support::{Pki, connected, drain, pump};
 
 /// Deterministic test payload.
@@ -145,6 +145,33 @@ fn eof_without_close_notify_is_truncation() {
 }
 
 #[test]
+fn eof_while_the_plaintext_buffer_is_full_is_still_truncation() {
+    let pki = Pki::new();
+    let (mut c, mut s) = connected(&pki);
+    let data = payload(200_000);
+    let mut wire = BytesMut::new();
+    let mut rest = &data[..];
+    while !rest.is_empty() {
+        let n = c.write_plaintext(rest).unwrap();
+        rest = &rest[n..];
+        c.take_tls(&mut wire);
+    }
+    // Feed until back-pressure, then the transport ends.
+    let fed = s.feed_tls(&wire).unwrap();
+    assert!(fed < wire.len());
+    s.feed_eof().unwrap();
+    let mut got = BytesMut::new();
+    let end = loop {
+        match s.read_plaintext(&mut got) {
+            Ok(Plaintext::Data(_)) => continue,
+            other => break other,
+        }
+    };
+    assert!(matches!(end, Err(Error::TlsTruncated)), "{end:?}");
+    assert_eq!(&got[..], &data[..got.len()]);
+}
+
+#[test]
 fn truncated_record_then_eof_is_truncation() {
     let pki = Pki::new();
     let (mut c, mut s) = connected(&pki);
@@ -187,11 +214,14 @@ fn tampered_record_is_a_fatal_error() {
     assert!(matches!(s.read_plaintext(&mut buf), Err(Error::Tls(_))));
 }
 
-#[test]
-fn writes_stop_at_the_buffer_limit_when_the_peer_never_reads() {
-    let pki = Pki::new();
-    let (mut c, _s) = connected(&pki);
-    let limit = pki.client_tls().limits.buffer_limit;
+/// Writes 4 KiB chunks from a connected client whose peer never reads;
+/// returns (accepted plaintext, ciphertext pending).
+fn fill_until_refused(pki: &Pki, limit: usize) -> (usize, usize, TlsLayer) {
+    let mut co = pki.client_options("127.0.0.1");
+    co.limits.buffer_limit = limit;
+    let mut c = co.build().unwrap().layer().unwrap();
+    let mut s = pki.server_tls().layer().unwrap();
+    tls_support::handshake(&mut c, &mut s).unwrap();
     let chunk = payload(4096);
     let mut accepted = 0usize;
     let mut zero_writes = 0;
@@ -203,17 +233,29 @@ fn writes_stop_at_the_buffer_limit_when_the_peer_never_reads() {
         }
     }
     assert!(zero_writes > 900, "writes kept being accepted");
-    // Bounded: at most the limit (plus one record's overhead).
-    assert!(accepted <= limit, "accepted {accepted} > limit {limit}");
-    assert!(accepted >= limit - 4096 - 1024, "accepted only {accepted}");
     let mut wire = BytesMut::new();
     let pending = c.take_tls(&mut wire);
-    assert!(
-        pending <= limit + 1024,
-        "{pending} bytes of ciphertext pending"
-    );
-    // After the ciphertext has been taken, writing resumes.
-    assert!(c.write_plaintext(&chunk).unwrap() > 0);
+    (accepted, pending, c)
+}
+
+#[test]
+fn writes_stop_at_the_buffer_limit_when_the_peer_never_reads() {
+    let pki = Pki::new();
+    for limit in [DEFAULT_BUFFER_LIMIT, 20_000, 256 * 1024] {
+        let (accepted, pending, mut c) = fill_until_refused(&pki, limit);
+        // Bounded by the configured limit (records add a little overhead).
+        assert!(accepted <= limit, "accepted {accepted} > limit {limit}");
+        assert!(
+            accepted + 4096 + 1024 >= limit,
+            "accepted only {accepted} of {limit}"
+        );
+        assert!(
+            pending <= limit + 1024,
+            "{pending} bytes of ciphertext pending"
+        );
+        // After the ciphertext has been taken, writing resumes.
+        assert!(c.write_plaintext(&payload(10)).unwrap() > 0);
+    }
 }
 
 #[test]

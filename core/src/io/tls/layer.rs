@@ -196,8 +196,16 @@ impl TlsLayer {
         if let Some(e) = &self.failed {
             return Err(Error::Tls(e.clone()));
         }
-        if self.eof && self.conn.is_handshaking() {
-            return Err(Error::TlsHandshakeEof);
+        if self.eof {
+            if self.conn.is_handshaking() {
+                return Err(Error::TlsHandshakeEof);
+            }
+            if outcome.as_ref().is_ok_and(|o| *o == Plaintext::Empty) {
+                // rustls only records EOF when its plaintext buffer had
+                // room at `feed_eof` time; the buffer is drained now, so an
+                // EOF without close_notify is truncation either way.
+                return Err(Error::TlsTruncated);
+            }
         }
         outcome
     }
