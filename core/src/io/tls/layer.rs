@@ -135,8 +135,8 @@ impl TlsLayer {
                 // rustls signals back-pressure with `Other` when the
                 // received plaintext is full: stop and let the driver drain.
                 Err(e) if e.kind() == io::ErrorKind::Other && self.plaintext_pending() => break,
-                // Any other failure (a record larger than rustls accepts)
-                // cannot be recovered by retrying.
+                // Otherwise rustls' message buffer is full (a handshake
+                // message at its 64 KiB cap): retrying cannot help.
                 Err(e) => return Err(Error::Io(e)),
             }
         }
@@ -155,7 +155,9 @@ impl TlsLayer {
     /// [`Error::TlsTruncated`].
     pub fn feed_eof(&mut self) -> Result<(), Error> {
         self.eof = true;
-        // An empty read is how rustls learns about EOF; it cannot fail.
+        // An empty read is how rustls learns about EOF. rustls refuses it
+        // while its received plaintext is full; `read_plaintext` covers that
+        // case once the plaintext is drained, so the result can be ignored.
         let _ = self.conn.read_tls(&mut io::empty());
         if self.conn.is_handshaking() {
             return Err(self
