@@ -9,3 +9,8 @@
 //!   pump bytes between sockets and the state machines.
 //!
 //! This crate is being built (issue "The tunnel engine"); it holds no code yet.
+
+pub mod error;
+pub mod io;
+
+pub use error::Error;

@@ -1,0 +1,308 @@
+//! konn-core's error type.
+//!
+//! One enum, [`Error`], for everything the engine reports: configuration
+//! problems found at start-up (they name the file or flag value and say what is
+//! wrong, because an operator reads them) and failures of a running connection
+//! (a driver logs them and closes that connection only).
+//!
+//! The enum is `#[non_exhaustive]` and grouped in sections, one per part of the
+//! engine; each section is owned by that part. `Display` is hand-written so the
+//! messages stay stable and readable.
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+/// Everything konn-core can fail with.
+#[non_exhaustive]
+#[derive(Debug)]
+pub enum Error {
+    // ---- TLS configuration (io::tls): start-up errors ----
+    /// A PEM file (certificate chain, private key or CA bundle) is unusable.
+    Pem {
+        /// The file path, or the name given to in-memory PEM.
+        file: String,
+        /// What is wrong with it.
+        problem: PemProblem,
+    },
+    /// The private key does not belong to the first certificate of the chain.
+    KeyMismatch {
+        /// The certificate chain file.
+        cert: String,
+        /// The private key file.
+        key: String,
+    },
+    /// A `--cipher-suites` entry is not a cipher suite name Go knows.
+    UnknownCipherSuite(String),
+    /// A `--cipher-suites` entry is a Go cipher suite that rustls does not
+    /// implement (CBC mode, RSA key exchange, 3DES, RC4).
+    UnsupportedCipherSuite {
+        /// The Go name as given.
+        name: String,
+        /// Why rustls does not implement it.
+        reason: &'static str,
+    },
+    /// `--tls-min-version` is not one of `VersionTLS10`..`VersionTLS13`.
+    UnknownTlsVersion(String),
+    /// The TLS server name (the agent's `--proxy-server-host`) is neither a
+    /// DNS name nor an IP address.
+    InvalidServerName(String),
+    /// An ALPN protocol id is empty or longer than 255 bytes.
+    InvalidAlpnProtocol(Vec<u8>),
+    /// rustls refused the assembled TLS configuration (the text says why).
+    TlsConfig(String),
+
+    // ---- TLS sessions (io::tls): per-connection errors ----
+    /// The TLS peer failed: a protocol error, a failed certificate
+    /// verification, a missing client certificate, no common ALPN protocol, or
+    /// a fatal alert it sent us. See [`Error::is_peer_authentication_failure`].
+    Tls(rustls::Error),
+    /// The transport reached end-of-stream before the TLS handshake completed
+    /// (a `close_notify` alert during the handshake is ignored by rustls, so a
+    /// peer that sends one and then closes ends up here too).
+    TlsHandshakeEof,
+    /// The transport reached end-of-stream after the handshake without a
+    /// `close_notify` alert: the data may have been truncated by an attacker
+    /// or a crash, so it must not be taken as a clean end of stream.
+    TlsTruncated,
+    /// Plaintext was written after `close_notify` was queued.
+    TlsWriteAfterClose,
+    /// The TLS handshake did not complete within the configured time.
+    TlsHandshakeTimeout(Duration),
+    /// A socket operation failed (the async TLS helpers).
+    Io(io::Error),
+}
+
+/// What is wrong with a PEM file (see [`Error::Pem`]).
+#[non_exhaustive]
+#[derive(Debug)]
+pub enum PemProblem {
+    /// The file could not be read.
+    Read(io::Error),
+    /// The file is larger than the limit for PEM files (a guard against being
+    /// pointed at a device or a huge file by mistake).
+    TooLarge {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// A PEM block is malformed (bad BEGIN/END lines or base64).
+    Malformed(String),
+    /// The file holds no `CERTIFICATE` block.
+    NoCertificates,
+    /// The file holds no `PRIVATE KEY`, `RSA PRIVATE KEY` or `EC PRIVATE KEY`
+    /// block.
+    NoPrivateKey,
+    /// A certificate block is not an acceptable X.509 certificate.
+    InvalidCertificate {
+        /// Position of the certificate in the file, counting from 0.
+        index: usize,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The private key is corrupt or of a type the crypto provider cannot use.
+    InvalidPrivateKey(String),
+}
+
+impl Error {
+    /// True when the TLS handshake failed because a certificate was missing,
+    /// untrusted, expired or otherwise rejected — by us, or by the peer (a
+    /// certificate alert it sent). Drivers count these separately from other
+    /// connection failures ("authentication failures" in the metrics).
+    pub fn is_peer_authentication_failure(&self) -> bool {
+        use rustls::AlertDescription as A;
+        match self {
+            Self::Tls(rustls::Error::InvalidCertificate(_))
+            | Self::Tls(rustls::Error::NoCertificatesPresented) => true,
+            Self::Tls(rustls::Error::AlertReceived(alert)) => matches!(
+                alert,
+                A::BadCertificate
+                    | A::UnsupportedCertificate
+                    | A::CertificateRevoked
+                    | A::CertificateExpired
+                    | A::CertificateUnknown
+                    | A::UnknownCA
+                    | A::CertificateRequired
+                    | A::AccessDenied
+            ),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pem { file, problem } => write!(f, "{file}: {problem}"),
+            Self::KeyMismatch { cert, key } => write!(
+                f,
+                "private key {key} does not match the certificate in {cert}"
+            ),
+            Self::UnknownCipherSuite(name) => {
+                write!(
+                    f,
+                    "unknown cipher suite {name:?} (expected a Go tls cipher suite name)"
+                )
+            }
+            Self::UnsupportedCipherSuite { name, reason } => write!(
+                f,
+                "cipher suite {name} is not supported by konn's TLS library (rustls): {reason}"
+            ),
+            Self::UnknownTlsVersion(v) => write!(
+                f,
+                "unknown TLS version {v:?} (expected VersionTLS10, VersionTLS11, VersionTLS12 or VersionTLS13)"
+            ),
+            Self::InvalidServerName(name) => {
+                write!(
+                    f,
+                    "invalid TLS server name {name:?}: not a DNS name or IP address"
+                )
+            }
+            Self::InvalidAlpnProtocol(p) => write!(
+                f,
+                "invalid ALPN protocol {:?}: must be 1 to 255 bytes",
+                String::from_utf8_lossy(p)
+            ),
+            Self::TlsConfig(why) => write!(f, "invalid TLS configuration: {why}"),
+            Self::Tls(e) => write!(f, "TLS: {e}"),
+            Self::TlsHandshakeEof => f.write_str("TLS: connection closed during the handshake"),
+            Self::TlsTruncated => {
+                f.write_str("TLS: connection closed without close_notify (possible truncation)")
+            }
+            Self::TlsWriteAfterClose => f.write_str("TLS: write after close_notify"),
+            Self::TlsHandshakeTimeout(d) => {
+                write!(f, "TLS: handshake not completed within {d:?}")
+            }
+            Self::Io(e) => write!(f, "I/O: {e}"),
+        }
+    }
+}
+
+impl fmt::Display for PemProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Read(e) => write!(f, "cannot read: {e}"),
+            Self::TooLarge { limit } => {
+                write!(f, "larger than the {limit}-byte limit for PEM files")
+            }
+            Self::Malformed(why) => write!(f, "malformed PEM: {why}"),
+            Self::NoCertificates => f.write_str("no CERTIFICATE block found"),
+            Self::NoPrivateKey => f.write_str(
+                "no private key found (expected PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY)",
+            ),
+            Self::InvalidCertificate { index, reason } => {
+                write!(f, "certificate #{index} is invalid: {reason}")
+            }
+            Self::InvalidPrivateKey(why) => write!(f, "unusable private key: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Pem {
+                problem: PemProblem::Read(e),
+                ..
+            }
+            | Self::Io(e) => Some(e),
+            Self::Tls(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_the_file_and_the_problem() {
+        let e = Error::Pem {
+            file: "/etc/konn/ca.crt".into(),
+            problem: PemProblem::NoCertificates,
+        };
+        assert_eq!(
+            e.to_string(),
+            "/etc/konn/ca.crt: no CERTIFICATE block found"
+        );
+        let e = Error::Pem {
+            file: "k.pem".into(),
+            problem: PemProblem::InvalidCertificate {
+                index: 2,
+                reason: "bad DER".into(),
+            },
+        };
+        assert_eq!(e.to_string(), "k.pem: certificate #2 is invalid: bad DER");
+        let e = Error::KeyMismatch {
+            cert: "c.pem".into(),
+            key: "k.pem".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "private key k.pem does not match the certificate in c.pem"
+        );
+    }
+
+    #[test]
+    fn display_of_flag_errors_names_the_value() {
+        assert!(
+            Error::UnknownCipherSuite("TLS_FOO".into())
+                .to_string()
+                .contains("\"TLS_FOO\"")
+        );
+        let e = Error::UnsupportedCipherSuite {
+            name: "TLS_RSA_WITH_AES_128_CBC_SHA".into(),
+            reason: "CBC mode",
+        };
+        assert_eq!(
+            e.to_string(),
+            "cipher suite TLS_RSA_WITH_AES_128_CBC_SHA is not supported by konn's TLS library (rustls): CBC mode"
+        );
+        assert!(
+            Error::UnknownTlsVersion("TLS1.2".into())
+                .to_string()
+                .starts_with("unknown TLS version \"TLS1.2\"")
+        );
+        assert_eq!(
+            Error::InvalidAlpnProtocol(Vec::new()).to_string(),
+            "invalid ALPN protocol \"\": must be 1 to 255 bytes"
+        );
+    }
+
+    #[test]
+    fn source_chains_to_io_and_rustls() {
+        use std::error::Error as _;
+        let e = Error::Io(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert!(e.source().is_some());
+        let e = Error::Tls(rustls::Error::NoCertificatesPresented);
+        assert!(e.source().is_some());
+        assert!(Error::TlsTruncated.source().is_none());
+    }
+
+    #[test]
+    fn authentication_failures_are_classified() {
+        use rustls::{AlertDescription, CertificateError};
+        assert!(
+            Error::Tls(rustls::Error::InvalidCertificate(
+                CertificateError::UnknownIssuer
+            ))
+            .is_peer_authentication_failure()
+        );
+        assert!(
+            Error::Tls(rustls::Error::NoCertificatesPresented).is_peer_authentication_failure()
+        );
+        assert!(
+            Error::Tls(rustls::Error::AlertReceived(
+                AlertDescription::CertificateRequired
+            ))
+            .is_peer_authentication_failure()
+        );
+        assert!(
+            !Error::Tls(rustls::Error::AlertReceived(
+                AlertDescription::HandshakeFailure
+            ))
+            .is_peer_authentication_failure()
+        );
+        assert!(!Error::TlsTruncated.is_peer_authentication_failure());
+    }
+}
