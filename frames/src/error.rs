@@ -163,7 +163,7 @@ pub enum Error {
     // ----- Protobuf / Konnectivity `Packet` -----
     /// A varint or length-delimited field runs past the end of the message.
     ProtoTruncated,
-    /// A varint longer than 10 bytes.
+    /// A varint longer than 10 bytes, or whose 10th byte sets bits beyond 64.
     ProtoVarintOverflow,
     /// A tag with field number 0 or a wire type that does not exist.
     ProtoInvalidTag {
@@ -291,7 +291,10 @@ impl core::fmt::Display for Error {
         match *self {
             Self::InvalidPreface => f.write_str("invalid HTTP/2 client connection preface"),
             Self::FrameTooLarge { len, max } => {
-                write!(f, "HTTP/2 frame of {len} bytes exceeds SETTINGS_MAX_FRAME_SIZE {max}")
+                write!(
+                    f,
+                    "HTTP/2 frame of {len} bytes exceeds SETTINGS_MAX_FRAME_SIZE {max}"
+                )
             }
             Self::BadFrameSize { ty, len, stream_id } => write!(
                 f,
@@ -312,10 +315,16 @@ impl core::fmt::Display for Error {
                 frame_type_name(ty)
             ),
             Self::InvalidSetting { id, value } => {
-                write!(f, "HTTP/2 SETTINGS parameter {id:#x} has invalid value {value}")
+                write!(
+                    f,
+                    "HTTP/2 SETTINGS parameter {id:#x} has invalid value {value}"
+                )
             }
             Self::ZeroWindowIncrement { stream_id } => {
-                write!(f, "HTTP/2 WINDOW_UPDATE with increment 0 on stream {stream_id}")
+                write!(
+                    f,
+                    "HTTP/2 WINDOW_UPDATE with increment 0 on stream {stream_id}"
+                )
             }
             Self::SelfDependency { stream_id } => {
                 write!(f, "HTTP/2 stream {stream_id} depends on itself")
@@ -323,7 +332,9 @@ impl core::fmt::Display for Error {
             Self::HpackTruncated => f.write_str("HPACK block ends inside a field representation"),
             Self::HpackIntegerOverflow => f.write_str("HPACK integer too large"),
             Self::HpackInvalidIndex { index } => write!(f, "HPACK index {index} is out of range"),
-            Self::HpackInvalidHuffman => f.write_str("HPACK string has an invalid Huffman encoding"),
+            Self::HpackInvalidHuffman => {
+                f.write_str("HPACK string has an invalid Huffman encoding")
+            }
             Self::HpackSizeUpdateMisplaced => {
                 f.write_str("HPACK dynamic table size update after the start of a block")
             }
@@ -336,7 +347,10 @@ impl core::fmt::Display for Error {
             }
             Self::HpackWorkLimit => f.write_str("HPACK block exceeds the per-block work limit"),
             Self::HeaderListTooLarge { size, max } => {
-                write!(f, "header list of at least {size} bytes exceeds the limit of {max}")
+                write!(
+                    f,
+                    "header list of at least {size} bytes exceeds the limit of {max}"
+                )
             }
             Self::GrpcMessageTooLarge { len, max } => write!(
                 f,
@@ -355,7 +369,7 @@ impl core::fmt::Display for Error {
             Self::InvalidMetadataValue => f.write_str("grpc: invalid metadata value"),
             Self::InvalidBase64 => f.write_str("grpc: invalid base64 in a -bin metadata value"),
             Self::ProtoTruncated => f.write_str("protobuf: message truncated"),
-            Self::ProtoVarintOverflow => f.write_str("protobuf: varint longer than 10 bytes"),
+            Self::ProtoVarintOverflow => f.write_str("protobuf: varint overflows 64 bits"),
             Self::ProtoInvalidTag { tag } => write!(f, "protobuf: invalid tag {tag}"),
             Self::ProtoWrongWireType { field, wire_type } => write!(
                 f,
@@ -410,15 +424,29 @@ mod tests {
     #[test]
     fn scopes_follow_rfc_9113() {
         assert_eq!(
-            Error::BadFrameSize { ty: 0x2, len: 4, stream_id: 3 }.h2(),
+            Error::BadFrameSize {
+                ty: 0x2,
+                len: 4,
+                stream_id: 3
+            }
+            .h2(),
             Some((Reason::FRAME_SIZE_ERROR, Scope::Stream(3)))
         );
         assert_eq!(
-            Error::BadFrameSize { ty: 0x6, len: 4, stream_id: 0 }.h2(),
+            Error::BadFrameSize {
+                ty: 0x6,
+                len: 4,
+                stream_id: 0
+            }
+            .h2(),
             Some((Reason::FRAME_SIZE_ERROR, Scope::Connection))
         );
         assert_eq!(
-            Error::InvalidSetting { id: 4, value: u32::MAX }.h2(),
+            Error::InvalidSetting {
+                id: 4,
+                value: u32::MAX
+            }
+            .h2(),
             Some((Reason::FLOW_CONTROL_ERROR, Scope::Connection))
         );
         assert_eq!(
@@ -439,7 +467,11 @@ mod tests {
     #[test]
     fn grpc_statuses() {
         assert_eq!(
-            Error::GrpcMessageTooLarge { len: 5 << 20, max: 4 << 20 }.grpc_status(),
+            Error::GrpcMessageTooLarge {
+                len: 5 << 20,
+                max: 4 << 20
+            }
+            .grpc_status(),
             GrpcStatus::RESOURCE_EXHAUSTED
         );
         assert_eq!(Error::ProtoTruncated.grpc_status(), GrpcStatus::INTERNAL);
@@ -447,12 +479,18 @@ mod tests {
 
     #[test]
     fn messages_name_the_problem() {
-        let e = Error::FrameTooLarge { len: 20000, max: 16384 };
+        let e = Error::FrameTooLarge {
+            len: 20000,
+            max: 16384,
+        };
         assert_eq!(
             e.to_string(),
             "HTTP/2 frame of 20000 bytes exceeds SETTINGS_MAX_FRAME_SIZE 16384"
         );
-        let e = Error::PacketTypeMismatch { ty: 4, payload_field: 2 };
+        let e = Error::PacketTypeMismatch {
+            ty: 4,
+            payload_field: 2,
+        };
         assert!(e.to_string().contains("type 4"));
     }
 }
