@@ -163,7 +163,7 @@ pub enum Error {
     // ----- Protobuf / Konnectivity `Packet` -----
     /// A varint or length-delimited field runs past the end of the message.
     ProtoTruncated,
-    /// A varint longer than 10 bytes.
+    /// A varint longer than 10 bytes, or whose 10th byte sets bits beyond 64.
     ProtoVarintOverflow,
     /// A tag with field number 0 or a wire type that does not exist.
     ProtoInvalidTag {
@@ -369,7 +369,7 @@ impl core::fmt::Display for Error {
             Self::InvalidMetadataValue => f.write_str("grpc: invalid metadata value"),
             Self::InvalidBase64 => f.write_str("grpc: invalid base64 in a -bin metadata value"),
             Self::ProtoTruncated => f.write_str("protobuf: message truncated"),
-            Self::ProtoVarintOverflow => f.write_str("protobuf: varint longer than 10 bytes"),
+            Self::ProtoVarintOverflow => f.write_str("protobuf: varint overflows 64 bits"),
             Self::ProtoInvalidTag { tag } => write!(f, "protobuf: invalid tag {tag}"),
             Self::ProtoWrongWireType { field, wire_type } => write!(
                 f,

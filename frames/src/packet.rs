@@ -1,1 +1,0 @@
-//! TODO(frames): packet codec — being written.
