@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 
-use super::vectors::{SEQUENCES, unhex};
+use super::vectors::{GRPC_GO_BLOCKS, GRPC_GO_REQUEST, SEQUENCES, unhex};
 use super::{Decoder, DecoderLimits, Encoder, Field, Repr};
 use crate::{Error, Reason, Scope};
 
@@ -144,6 +144,41 @@ fn policy_matches_the_rfc_for_indexable_requests() {
             &mut out,
         );
         assert_eq!(out, unhex(block.hex));
+    }
+}
+
+#[test]
+fn grpc_go_request_blocks() {
+    let want: Vec<Owned> = GRPC_GO_REQUEST
+        .iter()
+        .map(|&(n, v)| (n.into(), v.into(), false))
+        .collect();
+    let mut dec = Decoder::new(4096);
+    for hex in GRPC_GO_BLOCKS {
+        assert_eq!(decode_ok(&mut dec, &unhex(hex)), want);
+        // `:method: POST` and `:scheme: https` are static entries.
+        assert_eq!(dec.table_len(), 7);
+    }
+    let newest_first: Vec<_> = GRPC_GO_REQUEST[2..].iter().rev().copied().collect();
+    assert_eq!(table_of_decoder(&dec), owned_table(&newest_first));
+
+    // Our policy makes the same choices, except that for a name-only match
+    // in the static table Go names the last index with that name and we
+    // the first (as the RFC examples do): `:path` is 4, not 5.
+    let mut enc = Encoder::new();
+    for hex in GRPC_GO_BLOCKS {
+        let mut out = Vec::new();
+        enc.encode(
+            GRPC_GO_REQUEST
+                .iter()
+                .map(|&(n, v)| Field::new(n.as_bytes(), v.as_bytes())),
+            &mut out,
+        );
+        let mut go = unhex(hex);
+        if go[2] == 0x45 {
+            go[2] = 0x44;
+        }
+        assert_eq!(out, go);
     }
 }
 

@@ -261,6 +261,31 @@ pub(super) const SEQUENCES: &[Sequence] = &[
     },
 ];
 
+/// The header list of grpc-go's request when a Konnectivity agent connects.
+pub(super) const GRPC_GO_REQUEST: [(&str, &str); 9] = [
+    (":method", "POST"),
+    (":scheme", "https"),
+    (":path", "/AgentService/Connect"),
+    (":authority", "127.0.0.1:8091"),
+    ("content-type", "application/grpc"),
+    ("user-agent", "grpc-go/1.81.1"),
+    ("te", "trailers"),
+    ("agentid", "6f1e2b4c-9a3d-4e7f-8b21-5c0d9e8f7a61"),
+    ("agentidentifiers", "host=node1&ipv4=10.0.0.5"),
+];
+
+/// [`GRPC_GO_REQUEST`] as the first and second block of a connection,
+/// produced by golang.org/x/net v0.62.0 `http2/hpack.Encoder` (the encoder
+/// grpc-go uses): every field indexed or incrementally indexed, Huffman
+/// when shorter.
+pub(super) const GRPC_GO_BLOCKS: [&str; 2] = [
+    "8387458f62198b527716cee62158bc7aaa2913418a089d5c0b8170dc780f875f8b1d75d0620d263d4c4d\
+     65647a8a9acac8b4c7602bbc15c340027465864d833505b11f40851cc5a926939a72509451b4459f1b32\
+     2cd15d9567a310566c8091f2bd2ba3703f408b1cc5a92690b524d298b623919ce84c151e4287e0d5f76a\
+     0081702e05db",
+    "8387c4c3c2c1c0bfbe",
+];
+
 /// Decodes a hex string (test data only; panics on bad hex).
 pub(super) fn unhex(hex: &str) -> Vec<u8> {
     assert!(hex.len().is_multiple_of(2), "odd hex length");
