@@ -813,8 +813,20 @@ enum EngineRuntime {
     Epoll(monoio::Runtime<TimeDriver<LegacyDriver>>),
 }
 
+/// Test hook: the next this-many io_uring runtime builds fail with ENOMEM.
+#[cfg(test)]
+static FAIL_URING_BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 impl EngineRuntime {
     fn build(engine: Engine, entries: u32) -> io::Result<Self> {
+        #[cfg(test)]
+        if engine == Engine::IoUring
+            && FAIL_URING_BUILDS
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+        }
         Ok(match engine {
             Engine::IoUring => Self::IoUring(
                 RuntimeBuilder::<IoUringDriver>::new()
@@ -1365,6 +1377,59 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, Either::Right(2));
+    }
+
+    /// One test drives the build-failure hook, so runs never overlap.
+    #[test]
+    fn io_uring_build_failure_falls_back_under_auto_only() {
+        if !available_engines().contains(&Engine::IoUring) {
+            return; // the probe already falls back; nothing to inject
+        }
+        let start = |engine| {
+            let (tx, rx) = mpsc::channel();
+            let result = Workers::<()>::start(
+                RuntimeConfig {
+                    workers: 2,
+                    engine,
+                    ..RuntimeConfig::default()
+                },
+                move |ctx| {
+                    let tx = tx.clone();
+                    async move {
+                        tx.send(current_engine()).unwrap();
+                    }
+                },
+            );
+            (result, rx)
+        };
+
+        FAIL_URING_BUILDS.store(1, Ordering::Release);
+        let (workers, rx) = start(IoEngine::Auto);
+        let workers = workers.unwrap();
+        assert_eq!(workers.engine().engine(), Engine::Epoll);
+        assert_eq!(
+            workers
+                .engine()
+                .fallback_reason()
+                .and_then(io::Error::raw_os_error),
+            Some(libc::ENOMEM)
+        );
+        for _ in 0..2 {
+            let seen = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+            assert_eq!(seen, Some(Engine::Epoll), "every worker rebuilt on epoll");
+        }
+        workers.join().unwrap();
+
+        FAIL_URING_BUILDS.store(1, Ordering::Release);
+        let (result, _rx) = start(IoEngine::IoUring);
+        match result {
+            Err(Error::RuntimeBuild { engine, source, .. }) => {
+                assert_eq!(engine, Engine::IoUring);
+                assert_eq!(source.raw_os_error(), Some(libc::ENOMEM));
+            }
+            other => panic!("expected RuntimeBuild, got {other:?}"),
+        }
+        assert_eq!(FAIL_URING_BUILDS.load(Ordering::Acquire), 0);
     }
 
     #[test]
