@@ -1393,7 +1393,7 @@ mod tests {
                     engine,
                     ..RuntimeConfig::default()
                 },
-                move |ctx| {
+                move |_ctx| {
                     let tx = tx.clone();
                     async move {
                         tx.send(current_engine()).unwrap();
