@@ -291,9 +291,14 @@ fn detached_sockets_dropped_in_flight_close() {
 fn measure_cross_core_latency_and_throughput() {
     const ROUND_TRIPS: u64 = 20_000;
     const BURST: u64 = 1_000_000;
+    const IDLE_SAMPLES: usize = 500;
+    const BURST_TAG: u64 = 1 << 63;
+    const IDLE_TAG: u64 = 1 << 62;
     let _serial = serial();
     for engine in available_engines() {
         let (tx, rx) = mpsc::channel();
+        let (idle_tx, idle_rx) = mpsc::channel();
+        let base = std::time::Instant::now();
         let workers = Workers::<u64>::start(
             RuntimeConfig {
                 pin_cores: true,
@@ -301,7 +306,7 @@ fn measure_cross_core_latency_and_throughput() {
                 ..config(2, engine)
             },
             move |mut ctx| {
-                let tx = tx.clone();
+                let (tx, idle_tx) = (tx.clone(), idle_tx.clone());
                 async move {
                     let mut inbox = ctx.take_inbox().unwrap();
                     let mut batch = Vec::with_capacity(256);
@@ -315,7 +320,7 @@ fn measure_cross_core_latency_and_throughput() {
                         let rtt = start.elapsed() / u32::try_from(ROUND_TRIPS).unwrap();
                         let start = std::time::Instant::now();
                         for i in 0..BURST {
-                            let mut msg = i | (1 << 63);
+                            let mut msg = i | BURST_TAG;
                             while let Err(SendError::Full(back)) = ctx.mesh().send(1, msg) {
                                 msg = back;
                                 yield_now().await;
@@ -325,18 +330,38 @@ fn measure_cross_core_latency_and_throughput() {
                         inbox.recv_batch(&mut batch, 1).await;
                         let burst = start.elapsed();
                         tx.send((rtt, burst)).unwrap();
+                        // One message per millisecond: the receiver is
+                        // parked (idle) every time one arrives.
+                        for _ in 0..IDLE_SAMPLES {
+                            monoio::time::sleep(Duration::from_millis(1)).await;
+                            let sent = u64::try_from(base.elapsed().as_nanos()).unwrap();
+                            ctx.mesh().send(1, sent | IDLE_TAG).unwrap();
+                        }
                     } else {
                         let mut burst_seen = 0;
+                        let mut idle = Vec::with_capacity(IDLE_SAMPLES);
                         let mesh = ctx.mesh().clone();
                         inbox
                             .serve(ctx.stop_token(), 256, |v| {
-                                if v & (1 << 63) == 0 {
-                                    mesh.send(0, v).unwrap();
-                                } else {
+                                if v & BURST_TAG != 0 {
                                     burst_seen += 1;
                                     if burst_seen == BURST {
                                         mesh.send(0, 0).unwrap();
                                     }
+                                } else if v & IDLE_TAG != 0 {
+                                    let now = u64::try_from(base.elapsed().as_nanos()).unwrap();
+                                    idle.push(Duration::from_nanos(now - (v & !IDLE_TAG)));
+                                    if idle.len() == IDLE_SAMPLES {
+                                        idle.sort();
+                                        idle_tx
+                                            .send((
+                                                idle[IDLE_SAMPLES / 2],
+                                                idle[IDLE_SAMPLES * 99 / 100],
+                                            ))
+                                            .unwrap();
+                                    }
+                                } else {
+                                    mesh.send(0, v).unwrap();
                                 }
                             })
                             .await;
@@ -348,13 +373,15 @@ fn measure_cross_core_latency_and_throughput() {
         )
         .unwrap();
         let (rtt, burst) = rx.recv_timeout(Duration::from_secs(120)).unwrap();
+        let (idle_p50, idle_p99) = idle_rx.recv_timeout(Duration::from_secs(120)).unwrap();
         let to_1 = workers.mesh().stats(1).unwrap();
         eprintln!(
-            "{engine}: ping-pong round trip {rtt:?} (one hop ~{:?}); burst of {BURST}: {burst:?} \
-             = {:.1} M msg/s, wake-ups into worker 1: {}",
-            rtt / 2,
+            "{engine}: busy ping-pong round trip {rtt:?}; burst of {BURST}: {burst:?} \
+             = {:.1} M msg/s; one-way to a parked worker p50 {idle_p50:?} p99 {idle_p99:?}; \
+             wake-ups into worker 1: {} for {} messages",
             BURST as f64 / burst.as_secs_f64() / 1e6,
-            to_1.wakeups
+            to_1.wakeups,
+            ROUND_TRIPS + BURST + IDLE_SAMPLES as u64,
         );
         workers.stop();
         workers.join().unwrap();

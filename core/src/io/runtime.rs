@@ -27,7 +27,7 @@
 //! keeps sockets blocking under io_uring and non-blocking under epoll).
 //!
 //! Each worker gets a [`WorkerCtx`]: its index, the engine, a sender into the
-//! cross-core [`Mesh`](super::xcore::Mesh) and its own inbox, a [`StopToken`],
+//! cross-core [`Mesh`] and its own inbox, a [`StopToken`],
 //! and its per-core [`BufPool`]. A worker also runs a small maintenance task
 //! that lets its buffer pool reclaim and trim memory
 //! ([`PoolConfig::maintenance_interval`]).
