@@ -52,6 +52,7 @@ use std::{
     fmt,
     future::{Future, poll_fn},
     io,
+    panic::AssertUnwindSafe,
     pin::pin,
     rc::{Rc, Weak},
     str::FromStr,
@@ -393,7 +394,9 @@ impl<T: Send> WorkerCtx<T> {
         &self.mesh
     }
 
-    /// This worker's inbox; `None` after the first call.
+    /// This worker's inbox; `None` after the first call. An inbox that is
+    /// never taken closes when the context is dropped, and sends to it then
+    /// fail with [`SendError::Closed`](super::xcore::SendError::Closed).
     pub fn take_inbox(&mut self) -> Option<MeshReceiver<T>> {
         self.inbox.take()
     }
@@ -770,7 +773,18 @@ where
                 stop: stop.clone(),
                 pool: buffers,
             };
-            f(ctx).await;
+            // A panic in the worker future is caught here only to run the
+            // clean-up below first; it is re-raised afterwards (release
+            // builds abort on panic anyway).
+            let mut future = pin!(f(ctx));
+            let outcome = poll_fn(|cx| {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+                    Ok(Poll::Ready(())) => Poll::Ready(Ok(())),
+                    Ok(Poll::Pending) => Poll::Pending,
+                    Err(panic) => Poll::Ready(Err(panic)),
+                }
+            })
+            .await;
             // monoio leaks tasks still pending when a runtime ends, and a
             // leaked task whose waker another thread can reach would be
             // released on that thread. Retire every such waker here, on
@@ -778,6 +792,9 @@ where
             mesh.close_inbox(index);
             stop.close().await;
             maintenance.await;
+            if let Err(panic) = outcome {
+                std::panic::resume_unwind(panic);
+            }
         });
     }
 
