@@ -5,10 +5,10 @@
 //! One buffer holds one maximal HTTP/2 frame as it appears on the wire:
 //! the 9-byte frame header plus 16 384 bytes of payload (the default and
 //! minimum `SETTINGS_MAX_FRAME_SIZE`, which konn never raises for sending).
-//! `konn_frames::packet::MAX_DATA_PAYLOAD` (≈ 16 352–16 360 bytes, fixed by
-//! the packet codec) is chosen so that the gRPC message prefix (5 bytes),
-//! the Konnectivity `Packet` protobuf framing and the payload together fill
-//! at most those 16 384 bytes. So one buffer carries one Konnectivity DATA
+//! [`konn_frames::packet::MAX_DATA_PAYLOAD`] (16 360 bytes) is chosen so
+//! that the gRPC message prefix (5 bytes), the Konnectivity `Packet`
+//! protobuf header (at most 19 bytes) and the payload together fill at most
+//! those 16 384 bytes (checked at compile time below). So one buffer carries one Konnectivity DATA
 //! packet with all of its framing: 9 + 16 384 = 16 393 bytes, rounded up to
 //! a multiple of 64 (a cache line) = [`BUF_CAPACITY`] = 16 448 bytes.
 //!
@@ -63,6 +63,7 @@ use std::{
 
 use bytes::BytesMut;
 use crossbeam_utils::CachePadded;
+use konn_frames::packet::{MAX_DATA_PAYLOAD, data_header_len};
 
 use crate::Error;
 
@@ -85,6 +86,10 @@ pub const BUF_CAPACITY: usize = MAX_FRAME_WIRE_LEN.div_ceil(BUF_ALIGN) * BUF_ALI
 
 const _: () = assert!(BUF_CAPACITY == 16_448);
 const _: () = assert!(BUF_CAPACITY >= MAX_FRAME_WIRE_LEN);
+// One maximal DATA packet (gRPC prefix, protobuf header with the longest
+// connectID, payload) fills at most one frame payload.
+const _: () =
+    assert!(data_header_len(i64::MIN, MAX_DATA_PAYLOAD) + MAX_DATA_PAYLOAD <= H2_MAX_FRAME_PAYLOAD);
 
 /// How often [`BufPool::acquire`] re-checks an exhausted budget.
 pub const ACQUIRE_RETRY: Duration = Duration::from_millis(1);

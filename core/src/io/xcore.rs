@@ -479,6 +479,9 @@ fn dup_stream_fd(stream: &impl AsRawFd) -> io::Result<OwnedFd> {
 /// # Errors
 ///
 /// [`Error::Migrate`] with the `dup` error, together with the stream.
+// The stream travels back by value on the rare failure path; boxing it
+// would only move the cost.
+#[allow(clippy::result_large_err)]
 pub fn detach_tcp(stream: TcpStream) -> Result<DetachedTcp, (TcpStream, Error)> {
     match dup_stream_fd(&stream) {
         Ok(fd) => {
@@ -494,6 +497,9 @@ pub fn detach_tcp(stream: TcpStream) -> Result<DetachedTcp, (TcpStream, Error)> 
 /// # Errors
 ///
 /// [`Error::Migrate`] with the `dup` error, together with the stream.
+// The stream travels back by value on the rare failure path; boxing it
+// would only move the cost.
+#[allow(clippy::result_large_err)]
 pub fn detach_unix(stream: UnixStream) -> Result<DetachedUnix, (UnixStream, Error)> {
     match dup_stream_fd(&stream) {
         Ok(fd) => {
