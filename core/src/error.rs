@@ -11,7 +11,10 @@
 
 use std::fmt;
 use std::io;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::io::runtime::{Engine, io_uring_hint};
 
 /// Everything konn-core can fail with.
 #[non_exhaustive]
@@ -71,6 +74,62 @@ pub enum Error {
     TlsHandshakeTimeout(Duration),
     /// A socket operation failed (the async TLS helpers).
     Io(io::Error),
+
+    // ---- runtime (io::runtime): start-up errors ----
+    /// An `--io-engine` value that is not `auto`, `io-uring` or `epoll`; holds
+    /// the rejected value.
+    InvalidIoEngine(String),
+    /// io_uring was requested explicitly (`--io-engine=io-uring`) but the
+    /// kernel refused `io_uring_setup` or `io_uring_enter`.
+    IoUringUnavailable(io::Error),
+    /// A [`RuntimeConfig`](crate::io::runtime::RuntimeConfig) value is out of
+    /// range; the text names the field.
+    InvalidConfig(&'static str),
+    /// Building the monoio runtime of a worker failed.
+    RuntimeBuild {
+        /// Index of the worker.
+        worker: usize,
+        /// Engine the runtime was built for.
+        engine: Engine,
+        /// Cause reported by monoio or the kernel.
+        source: io::Error,
+    },
+    /// The OS refused to start a worker thread.
+    SpawnWorker {
+        /// Index of the worker.
+        worker: usize,
+        /// Cause reported by the OS.
+        source: io::Error,
+    },
+    /// A worker thread panicked (seen when joining the workers).
+    WorkerPanicked {
+        /// Index of the worker.
+        worker: usize,
+    },
+
+    // ---- buffers (io::pool) ----
+    /// The global buffer memory budget is used up: the caller must stop
+    /// reading until buffers are released.
+    BufferBudgetExhausted,
+
+    // ---- cross-core hand-off (io::xcore) ----
+    /// Detaching a socket from one worker or attaching it to another failed.
+    Migrate(io::Error),
+
+    // ---- listeners (io::listen) ----
+    /// Creating, binding or listening on a socket failed.
+    Bind {
+        /// The address or path that was being bound.
+        addr: String,
+        /// Cause reported by the OS.
+        source: io::Error,
+    },
+    /// A Unix socket was to be created at a path that exists and is not a
+    /// socket; konn never deletes such a file.
+    NotASocket(PathBuf),
+    /// `accept` failed with an error that retrying cannot fix (for example
+    /// `EBADF` or `EINVAL`), so the accept loop ended.
+    Accept(io::Error),
 }
 
 /// What is wrong with a PEM file (see [`Error::Pem`]).
@@ -173,6 +232,40 @@ impl fmt::Display for Error {
                 write!(f, "TLS: handshake not completed within {d:?}")
             }
             Self::Io(e) => write!(f, "I/O: {e}"),
+            Self::InvalidIoEngine(value) => write!(
+                f,
+                "invalid io engine {value:?}: expected one of \"auto\", \"io-uring\", \"epoll\""
+            ),
+            Self::IoUringUnavailable(cause) => write!(
+                f,
+                "io_uring was requested (--io-engine=io-uring) but is unavailable: {cause} ({}); \
+                 run with --io-engine=auto to fall back to epoll, or --io-engine=epoll",
+                io_uring_hint(cause)
+            ),
+            Self::InvalidConfig(what) => write!(f, "invalid runtime configuration: {what}"),
+            Self::RuntimeBuild {
+                worker,
+                engine,
+                source,
+            } => write!(
+                f,
+                "worker {worker}: building the {engine} runtime failed: {source}"
+            ),
+            Self::SpawnWorker { worker, source } => {
+                write!(f, "worker {worker}: starting the thread failed: {source}")
+            }
+            Self::WorkerPanicked { worker } => write!(f, "worker {worker} panicked"),
+            Self::BufferBudgetExhausted => f.write_str("buffer memory budget exhausted"),
+            Self::Migrate(cause) => {
+                write!(f, "moving a socket between workers failed: {cause}")
+            }
+            Self::Bind { addr, source } => write!(f, "cannot listen on {addr}: {source}"),
+            Self::NotASocket(path) => write!(
+                f,
+                "{} exists and is not a Unix socket; refusing to replace it",
+                path.display()
+            ),
+            Self::Accept(cause) => write!(f, "accept failed permanently: {cause}"),
         }
     }
 }
@@ -204,7 +297,13 @@ impl std::error::Error for Error {
                 problem: PemProblem::Read(e),
                 ..
             }
-            | Self::Io(e) => Some(e),
+            | Self::Io(e)
+            | Self::IoUringUnavailable(e)
+            | Self::Migrate(e)
+            | Self::Accept(e)
+            | Self::RuntimeBuild { source: e, .. }
+            | Self::SpawnWorker { source: e, .. }
+            | Self::Bind { source: e, .. } => Some(e),
             Self::Tls(e) => Some(e),
             _ => None,
         }
@@ -277,6 +376,79 @@ mod tests {
         let e = Error::Tls(rustls::Error::NoCertificatesPresented);
         assert!(e.source().is_some());
         assert!(Error::TlsTruncated.source().is_none());
+    }
+
+    #[test]
+    fn invalid_engine_names_value_and_choices() {
+        let text = Error::InvalidIoEngine("uring".into()).to_string();
+        assert_eq!(
+            text,
+            "invalid io engine \"uring\": expected one of \"auto\", \"io-uring\", \"epoll\""
+        );
+    }
+
+    #[test]
+    fn io_uring_unavailable_is_actionable() {
+        use std::error::Error as _;
+        let err = Error::IoUringUnavailable(io::Error::from_raw_os_error(libc::EPERM));
+        let text = err.to_string();
+        assert!(text.contains("seccomp"), "{text}");
+        assert!(text.contains("--io-engine=epoll"), "{text}");
+        assert_eq!(
+            err.source()
+                .and_then(|s| s.downcast_ref::<io::Error>())
+                .and_then(io::Error::raw_os_error),
+            Some(libc::EPERM)
+        );
+    }
+
+    #[test]
+    fn runtime_build_names_worker_and_engine() {
+        use std::error::Error as _;
+        let err = Error::RuntimeBuild {
+            worker: 3,
+            engine: Engine::IoUring,
+            source: io::Error::from_raw_os_error(libc::ENOMEM),
+        };
+        let text = err.to_string();
+        assert!(
+            text.starts_with("worker 3: building the io-uring runtime failed"),
+            "{text}"
+        );
+        assert!(err.source().is_some());
+    }
+
+    #[test]
+    fn not_a_socket_names_path() {
+        use std::error::Error as _;
+        let err = Error::NotASocket(PathBuf::from("/run/konn.sock"));
+        assert_eq!(
+            err.to_string(),
+            "/run/konn.sock exists and is not a Unix socket; refusing to replace it"
+        );
+        assert!(err.source().is_none());
+    }
+
+    #[test]
+    fn runtime_and_buffer_variants_without_a_cause() {
+        use std::error::Error as _;
+        for err in [
+            Error::BufferBudgetExhausted,
+            Error::WorkerPanicked { worker: 1 },
+            Error::InvalidConfig("workers must be at least 1"),
+        ] {
+            assert!(err.source().is_none(), "{err}");
+            assert!(!err.to_string().is_empty());
+        }
+        let err = Error::Bind {
+            addr: "127.0.0.1:80".into(),
+            source: io::Error::from_raw_os_error(libc::EACCES),
+        };
+        assert!(
+            err.to_string()
+                .starts_with("cannot listen on 127.0.0.1:80: ")
+        );
+        assert!(err.source().is_some());
     }
 
     #[test]

@@ -1,7 +1,28 @@
 //! I/O side of the engine: what the binaries share to run the sans-IO state
 //! machines on real sockets.
 //!
+//! konn runs one monoio runtime per core ("thread-per-core"): tasks never
+//! move between threads, state is `Rc`/`RefCell`, and a relayed flow is
+//! served on a single core. The sans-IO protocol state machines know none of
+//! this; drivers built on these modules pump bytes between sockets and them.
+//!
+//! - [`runtime`]: io engine choice (io_uring with epoll fallback, probed at
+//!   start-up), the worker threads and their runtimes, CPU pinning, the stop
+//!   signal, and test helpers that run a body under every engine.
+//! - [`pool`]: per-core pools of fixed-size buffers (one HTTP/2 frame each)
+//!   under a global memory budget that pushes back on readers.
+//! - [`xcore`]: the cross-core mesh (bounded lock-free inboxes, one wake-up
+//!   per batch) and socket migration between workers.
+//! - [`listen`]: `SO_REUSEPORT` TCP listeners per worker, the Unix-socket
+//!   listener, and an accept loop that survives `EMFILE` and friends.
 //! - [`tls`]: the TLS layer (rustls) that drivers put between a socket and the
 //!   HTTP/2 state machine, and the configuration builders for the Go flags.
+//!
+//! Design notes: `docs/design/cross-core.md`, `docs/design/buffers.md`,
+//! `docs/design/tls.md`.
 
+pub mod listen;
+pub mod pool;
+pub mod runtime;
 pub mod tls;
+pub mod xcore;

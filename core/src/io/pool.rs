@@ -1,0 +1,641 @@
+//! Per-core pools of fixed-size I/O buffers under a global memory budget.
+//!
+//! # Size
+//!
+//! One buffer holds one maximal HTTP/2 frame as it appears on the wire:
+//! the 9-byte frame header plus 16 384 bytes of payload (the default and
+//! minimum `SETTINGS_MAX_FRAME_SIZE`, which konn never raises for sending).
+//! [`konn_frames::packet::MAX_DATA_PAYLOAD`] (16 360 bytes) is chosen so
+//! that the gRPC message prefix (5 bytes), the Konnectivity `Packet`
+//! protobuf header (at most 19 bytes) and the payload together fill at most
+//! those 16 384 bytes (checked at compile time below). So one buffer carries one Konnectivity DATA
+//! packet with all of its framing: 9 + 16 384 = 16 393 bytes, rounded up to
+//! a multiple of 64 (a cache line) = [`BUF_CAPACITY`] = 16 448 bytes.
+//!
+//! # Ownership
+//!
+//! A buffer is a plain [`BytesMut`] with capacity [`BUF_CAPACITY`], so
+//! monoio's owned-buffer reads (`IoBufMut`), `bytes::BufMut` encoders and
+//! [`BytesMut::freeze`] (to a [`bytes::Bytes`], no copy, no allocation) all
+//! work unchanged. The pool keeps a second, empty handle (an *anchor*) on
+//! the same allocation. While anything else (the `BytesMut`, the `Bytes`
+//! made from it, slices of those) is alive, the allocation's reference count
+//! is above one; when the last of them is dropped, on any thread, only the
+//! anchor is left and [`BytesMut::try_reclaim`] on it succeeds without
+//! copying or allocating. Memory therefore always returns to the pool of the
+//! core that first allocated it, which is also where konn's flows live (see
+//! `docs/design/cross-core.md`).
+//!
+//! Returned buffers are noticed lazily: an acquire first takes an idle
+//! buffer, then checks the most recently lent buffers and a small rotating
+//! window of the oldest ones, and only then allocates. The worker's
+//! maintenance task calls [`BufPool::reclaim`] periodically for a full pass.
+//! `bytes::Bytes::from_owner` would return memory eagerly on drop, but it
+//! allocates a header for every conversion; the anchor scheme allocates
+//! nothing once warm, needs no `unsafe`, and never touches another core's
+//! data structures.
+//!
+//! # Budget
+//!
+//! [`MemoryBudget`] caps the bytes all pools may hold (idle plus lent),
+//! counted in whole buffers. Pools do not touch the shared counter per
+//! buffer: each takes *credit* in chunks of [`PoolConfig::credit_chunk`]
+//! buffers with one atomic operation and spends it locally; trimming gives
+//! surplus credit back. When the budget is used up,
+//! [`BufPool::try_acquire`] fails with [`Error::BufferBudgetExhausted`] (the
+//! caller stops reading from that socket) and raises a shared *pressure*
+//! flag that makes every pool shrink its idle list and return spare credit
+//! at its next maintenance pass. [`BufPool::acquire`] instead waits,
+//! re-checking every [`ACQUIRE_RETRY`]; callers bound it with a deadline.
+//! `docs/design/buffers.md` has the full story.
+
+use std::{
+    cell::RefCell,
+    collections::VecDeque,
+    fmt,
+    rc::Rc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::BytesMut;
+use crossbeam_utils::CachePadded;
+use konn_frames::packet::{MAX_DATA_PAYLOAD, data_header_len};
+
+use crate::Error;
+
+/// HTTP/2 frame header length (RFC 9113 §4.1).
+pub const H2_FRAME_HEADER_LEN: usize = 9;
+
+/// Largest HTTP/2 frame payload konn sends: the default (and minimum)
+/// `SETTINGS_MAX_FRAME_SIZE` (RFC 9113 §6.5.2).
+pub const H2_MAX_FRAME_PAYLOAD: usize = 16_384;
+
+/// Bytes one maximal frame occupies on the wire: 16 393.
+pub const MAX_FRAME_WIRE_LEN: usize = H2_FRAME_HEADER_LEN + H2_MAX_FRAME_PAYLOAD;
+
+/// Buffer sizes are rounded up to this (one cache line).
+pub const BUF_ALIGN: usize = 64;
+
+/// Capacity of every pooled buffer: [`MAX_FRAME_WIRE_LEN`] rounded up to
+/// [`BUF_ALIGN`], i.e. 16 448 bytes.
+pub const BUF_CAPACITY: usize = MAX_FRAME_WIRE_LEN.div_ceil(BUF_ALIGN) * BUF_ALIGN;
+
+const _: () = assert!(BUF_CAPACITY == 16_448);
+const _: () = assert!(BUF_CAPACITY >= MAX_FRAME_WIRE_LEN);
+// One maximal DATA packet (gRPC prefix, protobuf header with the longest
+// connectID, payload) fills at most one frame payload.
+const _: () =
+    assert!(data_header_len(i64::MIN, MAX_DATA_PAYLOAD) + MAX_DATA_PAYLOAD <= H2_MAX_FRAME_PAYLOAD);
+
+/// How often [`BufPool::acquire`] re-checks an exhausted budget.
+pub const ACQUIRE_RETRY: Duration = Duration::from_millis(1);
+
+/// Buffers checked at the most-recently-lent end on a miss (LIFO reuse keeps
+/// hot memory in cache).
+const RECENT_WINDOW: usize = 2;
+
+/// Pool and budget settings.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Global cap on pooled buffer memory, all cores together (rounded down
+    /// to whole buffers). Default 512 MiB (≈ 32 600 buffers).
+    pub budget_bytes: usize,
+    /// Idle buffers a core keeps for reuse before freeing memory. Default
+    /// 256 (4 MiB per core).
+    pub max_idle_per_core: usize,
+    /// Buffers of credit a core takes from (or returns to) the global
+    /// budget at once. Default 32.
+    pub credit_chunk: usize,
+    /// Oldest lent buffers checked for return on each miss. Default 8.
+    pub scan_window: usize,
+    /// Period of each worker's full reclaim pass. Default 100 ms.
+    pub maintenance_interval: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            budget_bytes: 512 << 20,
+            max_idle_per_core: 256,
+            credit_chunk: 32,
+            scan_window: 8,
+            maintenance_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+impl PoolConfig {
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        if self.budget_bytes < BUF_CAPACITY {
+            return Err(Error::InvalidConfig(
+                "pool.budget_bytes must hold at least one buffer (16448 bytes)",
+            ));
+        }
+        if self.credit_chunk == 0 {
+            return Err(Error::InvalidConfig("pool.credit_chunk must be at least 1"));
+        }
+        if self.maintenance_interval.is_zero() {
+            return Err(Error::InvalidConfig(
+                "pool.maintenance_interval must be positive",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The global cap shared by every core's pool; cheap to clone.
+#[derive(Clone)]
+pub struct MemoryBudget {
+    shared: Arc<BudgetShared>,
+}
+
+struct BudgetShared {
+    limit: usize,
+    /// Buffers not yet reserved by any pool.
+    available: CachePadded<AtomicUsize>,
+    /// Some pool found the budget empty; pools shed idle memory.
+    pressure: CachePadded<AtomicBool>,
+    exhausted: AtomicU64,
+}
+
+/// Budget counters, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BudgetStats {
+    /// Cap in buffers.
+    pub limit_buffers: usize,
+    /// Buffers reserved by pools (idle, lent, or as unspent credit).
+    pub reserved_buffers: usize,
+    /// Cap in bytes (`limit_buffers * BUF_CAPACITY`).
+    pub limit_bytes: usize,
+    /// Reserved bytes.
+    pub reserved_bytes: usize,
+    /// Acquisitions refused because the budget was used up.
+    pub exhausted: u64,
+    /// Whether pools are currently asked to shed memory.
+    pub under_pressure: bool,
+}
+
+impl MemoryBudget {
+    /// A budget of `bytes`, rounded down to whole buffers.
+    pub fn new(bytes: usize) -> Self {
+        let limit = bytes / BUF_CAPACITY;
+        Self {
+            shared: Arc::new(BudgetShared {
+                limit,
+                available: CachePadded::new(AtomicUsize::new(limit)),
+                pressure: CachePadded::new(AtomicBool::new(false)),
+                exhausted: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The cap in buffers.
+    pub fn limit_buffers(&self) -> usize {
+        self.shared.limit
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> BudgetStats {
+        let available = self.shared.available.load(Ordering::Relaxed);
+        let reserved = self.shared.limit.saturating_sub(available);
+        BudgetStats {
+            limit_buffers: self.shared.limit,
+            reserved_buffers: reserved,
+            limit_bytes: self.shared.limit * BUF_CAPACITY,
+            reserved_bytes: reserved * BUF_CAPACITY,
+            exhausted: self.shared.exhausted.load(Ordering::Relaxed),
+            under_pressure: self.under_pressure(),
+        }
+    }
+
+    fn under_pressure(&self) -> bool {
+        self.shared.pressure.load(Ordering::Relaxed)
+    }
+
+    /// Reserves up to `want` buffers; returns how many were granted.
+    fn take(&self, want: usize) -> usize {
+        match self
+            .shared
+            .available
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |available| {
+                (available > 0).then(|| available - available.min(want))
+            }) {
+            Ok(before) => before.min(want),
+            Err(_) => 0,
+        }
+    }
+
+    /// Returns `n` reserved buffers.
+    fn give(&self, n: usize) {
+        if n > 0 {
+            self.shared.available.fetch_add(n, Ordering::AcqRel);
+        }
+    }
+}
+
+impl fmt::Debug for MemoryBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryBudget")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// Counters of one core's pool, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Capacity of each buffer ([`BUF_CAPACITY`]).
+    pub buffer_size: usize,
+    /// Buffers this pool owns: idle plus lent.
+    pub allocated: usize,
+    /// Buffers ready for reuse.
+    pub idle: usize,
+    /// Buffers handed out and not yet seen back (returns are noticed
+    /// lazily; call [`BufPool::reclaim`] first for an exact figure).
+    pub in_use: usize,
+    /// Budget credit this pool holds but has not spent.
+    pub credit: usize,
+    /// Acquisitions served without allocating.
+    pub hits: u64,
+    /// Acquisitions that allocated a new buffer.
+    pub misses: u64,
+    /// Acquisitions refused because the budget was used up.
+    pub exhausted: u64,
+    /// Budget-wide counters.
+    pub budget: BudgetStats,
+}
+
+/// One core's buffer pool. Cheap to clone (`Rc`); not `Send`: every worker
+/// has its own (see [`WorkerCtx::pool`](super::runtime::WorkerCtx::pool)).
+#[derive(Clone)]
+pub struct BufPool {
+    inner: Rc<RefCell<LocalPool>>,
+}
+
+struct LocalPool {
+    budget: MemoryBudget,
+    max_idle: usize,
+    credit_chunk: usize,
+    scan_window: usize,
+    /// Reclaimed anchors with capacity `BUF_CAPACITY`, ready to lend.
+    idle: Vec<BytesMut>,
+    /// Anchors (capacity 0) of lent buffers, oldest first.
+    lent: VecDeque<BytesMut>,
+    credit: usize,
+    hits: u64,
+    misses: u64,
+    exhausted: u64,
+}
+
+impl BufPool {
+    /// An empty pool drawing on `budget`.
+    pub fn new(budget: &MemoryBudget, config: &PoolConfig) -> Self {
+        Self {
+            inner: Rc::new(RefCell::new(LocalPool {
+                budget: budget.clone(),
+                max_idle: config.max_idle_per_core,
+                credit_chunk: config.credit_chunk.max(1),
+                scan_window: config.scan_window,
+                idle: Vec::with_capacity(config.max_idle_per_core),
+                lent: VecDeque::new(),
+                credit: 0,
+                hits: 0,
+                misses: 0,
+                exhausted: 0,
+            })),
+        }
+    }
+
+    /// An empty buffer of capacity [`BUF_CAPACITY`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferBudgetExhausted`] when no buffer is idle or returned
+    /// and the global budget is used up: stop reading until buffers come
+    /// back.
+    pub fn try_acquire(&self) -> Result<BytesMut, Error> {
+        self.inner
+            .borrow_mut()
+            .acquire()
+            .ok_or(Error::BufferBudgetExhausted)
+    }
+
+    /// Like [`try_acquire`](Self::try_acquire) but waits while the budget
+    /// is exhausted, re-checking every [`ACQUIRE_RETRY`]. Needs a runtime
+    /// with timers; bound it with `monoio::time::timeout`.
+    pub async fn acquire(&self) -> BytesMut {
+        loop {
+            if let Ok(buf) = self.try_acquire() {
+                return buf;
+            }
+            monoio::time::sleep(ACQUIRE_RETRY).await;
+        }
+    }
+
+    /// Full pass: moves every returned buffer to the idle list, frees idle
+    /// buffers beyond the limit (fewer under budget pressure) and gives
+    /// surplus credit back to the budget. Returns how many buffers came
+    /// back. Workers run it every
+    /// [`maintenance_interval`](PoolConfig::maintenance_interval).
+    pub fn reclaim(&self) -> usize {
+        self.inner.borrow_mut().reclaim()
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> PoolStats {
+        let pool = self.inner.borrow();
+        PoolStats {
+            buffer_size: BUF_CAPACITY,
+            allocated: pool.idle.len() + pool.lent.len(),
+            idle: pool.idle.len(),
+            in_use: pool.lent.len(),
+            credit: pool.credit,
+            hits: pool.hits,
+            misses: pool.misses,
+            exhausted: pool.exhausted,
+            budget: pool.budget.stats(),
+        }
+    }
+}
+
+impl fmt::Debug for BufPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufPool")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl LocalPool {
+    fn acquire(&mut self) -> Option<BytesMut> {
+        if let Some(anchor) = self.idle.pop() {
+            self.hits += 1;
+            return Some(self.lend(anchor));
+        }
+        if let Some(anchor) = self.find_returned() {
+            self.hits += 1;
+            return Some(self.lend(anchor));
+        }
+        if self.credit == 0 {
+            self.refill();
+        }
+        if self.credit == 0 {
+            // Last resort before refusing: a full pass.
+            if self.reclaim_all() > 0
+                && let Some(anchor) = self.idle.pop()
+            {
+                self.hits += 1;
+                return Some(self.lend(anchor));
+            }
+            self.exhausted += 1;
+            self.budget.shared.exhausted.fetch_add(1, Ordering::Relaxed);
+            self.budget.shared.pressure.store(true, Ordering::Relaxed);
+            return None;
+        }
+        self.credit -= 1;
+        self.misses += 1;
+        Some(self.lend(BytesMut::with_capacity(BUF_CAPACITY)))
+    }
+
+    /// Hands out the anchor's memory, keeping an empty handle to notice its
+    /// return. The first call on a fresh buffer allocates the shared
+    /// reference count (part of the miss); later calls allocate nothing.
+    fn lend(&mut self, mut anchor: BytesMut) -> BytesMut {
+        let buf = anchor.split_off(0);
+        self.lent.push_back(anchor);
+        buf
+    }
+
+    /// Checks the most recently lent buffers, then a rotating window of the
+    /// oldest, for one whose users are all gone.
+    fn find_returned(&mut self) -> Option<BytesMut> {
+        let recent = RECENT_WINDOW.min(self.lent.len());
+        for back in 0..recent {
+            let index = self.lent.len() - 1 - back;
+            if self.lent.get_mut(index)?.try_reclaim(BUF_CAPACITY) {
+                return self.lent.remove(index);
+            }
+        }
+        let window = self.scan_window.min(self.lent.len());
+        for _ in 0..window {
+            let mut anchor = self.lent.pop_front()?;
+            if anchor.try_reclaim(BUF_CAPACITY) {
+                return Some(anchor);
+            }
+            self.lent.push_back(anchor);
+        }
+        None
+    }
+
+    /// Moves every returned buffer from `lent` to `idle`.
+    fn reclaim_all(&mut self) -> usize {
+        let mut found = 0;
+        for _ in 0..self.lent.len() {
+            let Some(mut anchor) = self.lent.pop_front() else {
+                break;
+            };
+            if anchor.try_reclaim(BUF_CAPACITY) {
+                self.idle.push(anchor);
+                found += 1;
+            } else {
+                self.lent.push_back(anchor);
+            }
+        }
+        found
+    }
+
+    fn reclaim(&mut self) -> usize {
+        let found = self.reclaim_all();
+        self.trim();
+        found
+    }
+
+    /// Frees idle buffers beyond the limit and returns surplus credit,
+    /// shedding harder while some pool is starved.
+    fn trim(&mut self) {
+        let pressure = self.budget.under_pressure();
+        let keep_idle = if pressure {
+            self.max_idle / 4
+        } else {
+            self.max_idle
+        };
+        while self.idle.len() > keep_idle {
+            drop(self.idle.pop());
+            self.credit += 1;
+        }
+        if pressure {
+            self.budget.give(self.credit);
+            self.credit = 0;
+        } else if self.credit > 2 * self.credit_chunk {
+            self.budget.give(self.credit - self.credit_chunk);
+            self.credit = self.credit_chunk;
+        }
+    }
+
+    fn refill(&mut self) {
+        let granted = self.budget.take(self.credit_chunk);
+        if granted > 0 {
+            self.credit += granted;
+            // Memory is available again: stop asking pools to shed.
+            if self.budget.under_pressure() {
+                self.budget.shared.pressure.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for LocalPool {
+    fn drop(&mut self) {
+        // Buffers still lent elsewhere live on until their last user drops
+        // them; the budget is released now (briefly over-committed) so a
+        // stopped core does not shrink it for good.
+        let held = self.credit + self.idle.len() + self.lent.len();
+        self.budget.give(held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BufMut;
+
+    use super::*;
+
+    fn pool(budget_buffers: usize) -> (MemoryBudget, BufPool) {
+        let budget = MemoryBudget::new(budget_buffers * BUF_CAPACITY);
+        let config = PoolConfig {
+            credit_chunk: 4,
+            max_idle_per_core: 4,
+            ..PoolConfig::default()
+        };
+        let pool = BufPool::new(&budget, &config);
+        (budget, pool)
+    }
+
+    #[test]
+    fn capacity_arithmetic() {
+        const {
+            assert!(MAX_FRAME_WIRE_LEN == 16_393);
+            assert!(BUF_CAPACITY.is_multiple_of(BUF_ALIGN));
+            assert!(BUF_CAPACITY - MAX_FRAME_WIRE_LEN < BUF_ALIGN);
+        }
+    }
+
+    #[test]
+    fn buffers_have_full_capacity_and_come_back() {
+        let (_budget, pool) = pool(8);
+        let mut buf = pool.try_acquire().unwrap();
+        assert_eq!(buf.capacity(), BUF_CAPACITY);
+        assert!(buf.is_empty());
+        buf.put_slice(b"hello");
+        let frozen = buf.freeze();
+        let slice = frozen.slice(1..3);
+        drop(frozen);
+        assert_eq!(&slice[..], b"el");
+        assert_eq!(pool.reclaim(), 0, "a slice still holds the buffer");
+        drop(slice);
+        assert_eq!(pool.reclaim(), 1);
+        let stats = pool.stats();
+        assert_eq!((stats.idle, stats.in_use, stats.misses), (1, 0, 1));
+        let again = pool.try_acquire().unwrap();
+        assert_eq!(again.capacity(), BUF_CAPACITY);
+        assert!(again.is_empty(), "reused buffers start empty");
+        assert_eq!(pool.stats().hits, 1);
+    }
+
+    #[test]
+    fn returned_buffer_is_found_without_a_reclaim_pass() {
+        let (_budget, pool) = pool(8);
+        for _ in 0..100 {
+            let mut buf = pool.try_acquire().unwrap();
+            buf.put_u8(1);
+            drop(buf.freeze());
+        }
+        let stats = pool.stats();
+        assert_eq!(stats.misses, 1);
+        assert_eq!(stats.hits, 99);
+        assert_eq!(stats.allocated, 1);
+    }
+
+    #[test]
+    fn budget_exhaustion_and_recovery() {
+        let (budget, pool) = pool(3);
+        let held: Vec<_> = (0..3).map(|_| pool.try_acquire().unwrap()).collect();
+        assert!(matches!(
+            pool.try_acquire(),
+            Err(Error::BufferBudgetExhausted)
+        ));
+        let stats = budget.stats();
+        assert_eq!(stats.reserved_buffers, 3);
+        assert_eq!(stats.exhausted, 1);
+        assert!(stats.under_pressure);
+        drop(held);
+        assert!(
+            pool.try_acquire().is_ok(),
+            "full pass finds returned buffers"
+        );
+    }
+
+    #[test]
+    fn credit_is_taken_in_chunks_and_trimmed() {
+        let (budget, pool) = pool(100);
+        let bufs: Vec<_> = (0..14).map(|_| pool.try_acquire().unwrap()).collect();
+        // 14 buffers from chunks of 4: 16 reserved, 2 unspent.
+        assert_eq!(budget.stats().reserved_buffers, 16);
+        assert_eq!(pool.stats().credit, 2);
+        drop(bufs);
+        assert_eq!(pool.reclaim(), 14);
+        // Idle capped at 4: 10 freed into credit (12). That is above two
+        // chunks, so all but one chunk goes back: 4 idle + 4 credit.
+        let stats = pool.stats();
+        assert_eq!(stats.idle, 4);
+        assert_eq!(stats.credit, 4);
+        assert_eq!(budget.stats().reserved_buffers, 8);
+    }
+
+    #[test]
+    fn pressure_makes_pools_shed() {
+        let budget = MemoryBudget::new(8 * BUF_CAPACITY);
+        let config = PoolConfig {
+            credit_chunk: 4,
+            max_idle_per_core: 8,
+            ..PoolConfig::default()
+        };
+        let rich = BufPool::new(&budget, &config);
+        let poor = BufPool::new(&budget, &config);
+        let bufs: Vec<_> = (0..8).map(|_| rich.try_acquire().unwrap()).collect();
+        drop(bufs);
+        assert!(poor.try_acquire().is_err());
+        assert!(budget.stats().under_pressure);
+        rich.reclaim();
+        assert_eq!(rich.stats().idle, 2, "sheds to a quarter of max_idle");
+        assert!(poor.try_acquire().is_ok());
+        assert!(
+            !budget.stats().under_pressure,
+            "cleared once credit flows again"
+        );
+    }
+
+    #[test]
+    fn dropping_a_pool_releases_its_budget() {
+        let (budget, pool) = pool(10);
+        let buf = pool.try_acquire().unwrap();
+        assert_eq!(budget.stats().reserved_buffers, 4);
+        drop(pool);
+        assert_eq!(budget.stats().reserved_buffers, 0);
+        drop(buf);
+    }
+
+    #[test]
+    fn config_validation() {
+        let config = PoolConfig {
+            budget_bytes: 100,
+            ..PoolConfig::default()
+        };
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig(_))));
+        assert!(PoolConfig::default().validate().is_ok());
+    }
+}
