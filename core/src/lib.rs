@@ -7,10 +7,9 @@
 //! - `io`: the thread-per-core monoio runtime, io engine selection
 //!   (io_uring with epoll fallback), buffer pools, TLS, and the drivers that
 //!   pump bytes between sockets and the state machines.
-//!
-//! This crate is being built (issue "The tunnel engine"); it holds no code yet.
 
 pub mod error;
 pub mod io;
+pub mod proto;
 
 pub use error::Error;
