@@ -100,6 +100,9 @@ pub enum Error {
     StreamClosed(u32),
     /// The application used the connection API wrongly (a bug).
     H2Usage(&'static str),
+    /// A socket write made no progress for this long: the peer stopped
+    /// reading (zero window or full socket buffer).
+    WriteTimeout(Duration),
 }
 
 /// What is wrong with a PEM file (see [`Error::Pem`]).
@@ -213,6 +216,7 @@ impl fmt::Display for Error {
             Self::TooManyStreams => f.write_str("peer's MAX_CONCURRENT_STREAMS reached"),
             Self::StreamClosed(id) => write!(f, "HTTP/2 stream {id} is closed"),
             Self::H2Usage(what) => write!(f, "HTTP/2 API misuse: {what}"),
+            Self::WriteTimeout(d) => write!(f, "peer did not read for {d:?}: write timed out"),
         }
     }
 }

@@ -4,4 +4,7 @@
 //! - [`tls`]: the TLS layer (rustls) that drivers put between a socket and the
 //!   HTTP/2 state machine, and the configuration builders for the Go flags.
 
+pub mod clock;
+pub mod driver;
+pub mod notify;
 pub mod tls;

@@ -6,7 +6,9 @@
 //! the tests run them against each other in memory with a simulated clock.
 //!
 //! - [`h2`]: one HTTP/2 connection, client or server role.
+//! - [`grpc`]: gRPC streaming calls on top of an HTTP/2 connection.
 
+pub mod grpc;
 pub mod h2;
 
 /// A fixed point in time for tests that simulate a clock (`t0 + d`).

@@ -1,0 +1,411 @@
+//! The connection driver: runs one sans-IO [`Grpc`] connection (optionally
+//! under a sans-IO [`TlsLayer`]) on a monoio socket.
+//!
+//! ```text
+//!            ┌──────────── reader task ────────────┐
+//!  socket ──►│ read → TLS feed → plaintext → grpc.handle_input → events ──► Handler
+//!            └───────────────────────────────────────┘        │
+//!            ┌──────────── writer task ────────────┐          ▼ commands (send, release, …)
+//!  socket ◄──│ write ◄ TLS encrypt ◄ grpc.poll_transmit ◄─────┘   via ConnHandle::with
+//!            └───────────────────────────────────────┘
+//!            timer task: grpc.handle_timeout at grpc.poll_timeout, TLS handshake deadline
+//! ```
+//!
+//! All three tasks run on the connection's core and share one [`Conn`]
+//! through `Rc`; they wake each other with [`Notify`]. The handler is called
+//! synchronously for every event with `&mut Grpc`, so it can answer at once;
+//! other tasks (e.g. the agent's destination sockets) reach the connection
+//! through a [`ConnHandle`].
+//!
+//! **Re-entrancy rule.** `ConnHandle::with` must not be called for a
+//! connection from inside that same connection's handler (the state is
+//! already borrowed); it reports [`Error::H2Usage`] instead of panicking.
+//!
+//! **Deadlines.** Every wait is bounded: the TLS handshake
+//! ([`DriverConfig::handshake_timeout`]), each socket write
+//! ([`DriverConfig::write_timeout`]: a peer that stops reading — a zero
+//! window or a full socket buffer — is disconnected), keepalive PINGs (in
+//! the HTTP/2 machine). Reads wait for the peer indefinitely, which is the
+//! keepalive's job to bound.
+//!
+//! **Back-pressure.** The reader stops reading while the HTTP/2 machine has
+//! too many control replies queued ([`Connection::wants_read`]) and resumes
+//! when the writer has flushed them.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
+
+use super::notify::Notify;
+use super::tls::{Plaintext, TlsLayer};
+use crate::Error;
+use crate::proto::grpc::{Grpc, GrpcEvent};
+#[cfg(doc)]
+use crate::proto::h2::Connection;
+
+/// How much to read per read call.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Driver settings.
+#[derive(Clone, Copy, Debug)]
+pub struct DriverConfig {
+    /// Close the connection when one socket write makes no complete progress
+    /// for this long (slow-reader / zero-window defence).
+    pub write_timeout: Duration,
+    /// Close the connection when the TLS handshake takes longer.
+    pub handshake_timeout: Duration,
+    /// Bytes of HTTP/2 output gathered per socket write.
+    pub max_write_batch: usize,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        Self {
+            write_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(20),
+            max_write_batch: 256 * 1024,
+        }
+    }
+}
+
+/// The application side of a connection.
+pub trait Handler {
+    /// One event. May issue commands on `grpc` directly.
+    fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent);
+
+    /// The connection is finished (all calls have had their `Finished`
+    /// event). Called once.
+    fn on_close(&mut self, _grpc: &mut Grpc, _error: Option<&Error>) {}
+}
+
+/// The state shared by a connection's tasks and its handles.
+pub struct Conn<H> {
+    grpc: RefCell<Grpc>,
+    tls: RefCell<Option<TlsLayer>>,
+    handler: RefCell<H>,
+    wake_writer: Notify,
+    wake_reader: Notify,
+    wake_timer: Notify,
+    /// Stops a read in flight.
+    closing: Notify,
+    closed: Cell<bool>,
+    error: RefCell<Option<Error>>,
+    cfg: DriverConfig,
+}
+
+/// A cheap, clonable reference to a running connection (same core only).
+pub struct ConnHandle<H>(Rc<Conn<H>>);
+
+impl<H> Clone for ConnHandle<H> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<H: Handler + 'static> ConnHandle<H> {
+    /// A connection ready to [`ConnHandle::run`].
+    pub fn new(grpc: Grpc, tls: Option<TlsLayer>, handler: H, cfg: DriverConfig) -> Self {
+        Self(Rc::new(Conn {
+            grpc: RefCell::new(grpc),
+            tls: RefCell::new(tls),
+            handler: RefCell::new(handler),
+            wake_writer: Notify::new(),
+            wake_reader: Notify::new(),
+            wake_timer: Notify::new(),
+            closing: Notify::new(),
+            closed: Cell::new(false),
+            error: RefCell::new(None),
+            cfg,
+        }))
+    }
+
+    /// Run `f` on the connection and its handler, then deliver the events it
+    /// caused and schedule output. Fails when called from inside this
+    /// connection's own handler.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Grpc, &mut H) -> R) -> Result<R, Error> {
+        let r = {
+            let (Ok(mut grpc), Ok(mut handler)) = (
+                self.0.grpc.try_borrow_mut(),
+                self.0.handler.try_borrow_mut(),
+            ) else {
+                return Err(Error::H2Usage(
+                    "ConnHandle::with called from inside the connection's handler",
+                ));
+            };
+            f(&mut grpc, &mut handler)
+        };
+        self.0.dispatch();
+        self.0.wake_writer.notify();
+        self.0.wake_timer.notify();
+        Ok(r)
+    }
+
+    /// The connection has finished.
+    pub fn is_closed(&self) -> bool {
+        self.0.closed.get()
+    }
+
+    /// Start a graceful shutdown (GOAWAY; calls in progress finish).
+    pub fn shutdown(&self) {
+        let _ = self.with(|g, _| g.conn_mut().shutdown());
+    }
+
+    /// Drive the connection on `io` until it is finished. Returns the error
+    /// that ended it, if any.
+    pub async fn run<S>(self, io: S) -> Result<(), Error>
+    where
+        S: Splitable,
+        S::OwnedRead: AsyncReadRent + 'static,
+        S::OwnedWrite: AsyncWriteRent + 'static,
+    {
+        let (rd, wr) = io.into_split();
+        let conn = self.0.clone();
+        let writer = monoio::spawn(async move { conn.write_loop(wr).await });
+        let conn = self.0.clone();
+        let timer = monoio::spawn(async move { conn.timer_loop().await });
+        let read_result = self.0.read_loop(rd).await;
+        self.0.finish(read_result.err());
+        let write_result = writer.await;
+        self.0.finish(write_result.err());
+        timer.await;
+        let err = self.0.error.borrow_mut().take();
+        {
+            let mut grpc = self.0.grpc.borrow_mut();
+            self.0
+                .handler
+                .borrow_mut()
+                .on_close(&mut grpc, err.as_ref());
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<H: Handler> Conn<H> {
+    /// Deliver pending events to the handler.
+    fn dispatch(&self) {
+        let (Ok(mut grpc), Ok(mut handler)) =
+            (self.grpc.try_borrow_mut(), self.handler.try_borrow_mut())
+        else {
+            return; // already dispatching further up the stack
+        };
+        while let Some(ev) = grpc.poll_event() {
+            handler.on_event(&mut grpc, ev);
+        }
+    }
+
+    /// Mark the connection finished, remembering the first error.
+    fn finish(&self, err: Option<Error>) {
+        if let Some(e) = err {
+            self.error.borrow_mut().get_or_insert(e);
+        }
+        if !self.closed.replace(true) {
+            self.grpc.borrow_mut().connection_lost();
+            self.dispatch();
+        }
+        self.closing.notify();
+        self.wake_writer.notify();
+        self.wake_timer.notify();
+    }
+
+    async fn read_loop<R: AsyncReadRent>(&self, mut rd: R) -> Result<(), Error> {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        let mut plain = BytesMut::new();
+        let tls = self.tls.borrow().is_some();
+        loop {
+            // Process what is buffered first (reading may have paused).
+            if self.grpc.borrow().conn().wants_read() {
+                let input = if tls { &mut plain } else { &mut buf };
+                if !input.is_empty() {
+                    let r = self
+                        .grpc
+                        .borrow_mut()
+                        .handle_input(super::clock::now(), input);
+                    self.dispatch();
+                    self.wake_writer.notify();
+                    self.wake_timer.notify();
+                    // On error GOAWAY is queued; the writer flushes it and ends.
+                    r?;
+                }
+            }
+            if self.closed.get() {
+                return Ok(());
+            }
+            if !self.grpc.borrow().conn().wants_read() {
+                monoio::select! {
+                    _ = self.wake_reader.notified() => {}
+                    _ = self.closing.notified() => {}
+                }
+                continue;
+            }
+            if tls && !buf.is_empty() {
+                // Ciphertext rustls could not take yet (its buffer was full).
+                self.feed_tls(&mut buf, &mut plain)?;
+                if !plain.is_empty() {
+                    continue;
+                }
+            }
+            buf.reserve(READ_CHUNK);
+            let len = buf.len();
+            let read = rd.read(buf.slice_mut(len..));
+            let (res, slice) = monoio::select! {
+                r = read => r,
+                _ = self.closing.notified() => return Ok(()),
+            };
+            buf = slice.into_inner();
+            let n = res.map_err(Error::Io)?;
+            if n == 0 {
+                if let Some(t) = self.tls.borrow_mut().as_mut() {
+                    t.feed_eof()?;
+                }
+                return Ok(());
+            }
+            if tls {
+                self.feed_tls(&mut buf, &mut plain)?;
+                // A TLS handshake or key update may need an answer.
+                self.wake_writer.notify();
+            }
+        }
+    }
+
+    /// Move ciphertext from `buf` through rustls into `plain`.
+    fn feed_tls(&self, buf: &mut BytesMut, plain: &mut BytesMut) -> Result<(), Error> {
+        let mut tls = self.tls.borrow_mut();
+        let Some(t) = tls.as_mut() else { return Ok(()) };
+        loop {
+            let used = t.feed_tls(buf)?;
+            buf.advance(used);
+            let mut eof = false;
+            loop {
+                match t.read_plaintext(plain)? {
+                    Plaintext::Data(_) => {}
+                    Plaintext::Empty => break,
+                    Plaintext::Eof => {
+                        eof = true;
+                        break;
+                    }
+                }
+            }
+            if eof || buf.is_empty() || used == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn write_loop<W: AsyncWriteRent>(&self, mut wr: W) -> Result<(), Error> {
+        let mut plain = BytesMut::with_capacity(64 * 1024);
+        let mut out = BytesMut::with_capacity(64 * 1024);
+        let result = loop {
+            if plain.is_empty() {
+                self.grpc.borrow_mut().poll_transmit(
+                    super::clock::now(),
+                    &mut plain,
+                    self.cfg.max_write_batch,
+                );
+                self.dispatch();
+            }
+            if let Some(t) = self.tls.borrow_mut().as_mut() {
+                let used = match t.write_plaintext(&plain) {
+                    Ok(n) => n,
+                    Err(e) => break Err(e),
+                };
+                plain.advance(used);
+                t.take_tls(&mut out);
+            } else {
+                std::mem::swap(&mut plain, &mut out);
+            }
+            if out.is_empty() {
+                let done = self.grpc.borrow().conn().is_closed() || self.closed.get();
+                if done {
+                    break Ok(());
+                }
+                self.wake_writer.notified().await;
+                continue;
+            }
+            let Ok((res, o)) =
+                monoio::time::timeout(self.cfg.write_timeout, wr.write_all(out)).await
+            else {
+                // The buffer went with the cancelled write.
+                out = BytesMut::new();
+                break Err(Error::WriteTimeout(self.cfg.write_timeout));
+            };
+            out = o;
+            out.clear();
+            if let Err(e) = res {
+                break Err(Error::Io(e));
+            }
+            // Control replies were flushed: reading may resume.
+            self.wake_reader.notify();
+        };
+        // Say goodbye properly where we can, then stop the reader.
+        if result.is_ok()
+            && let Some(t) = self.tls.borrow_mut().as_mut()
+        {
+            t.send_close_notify();
+            t.take_tls(&mut out);
+        }
+        if result.is_ok() && !out.is_empty() {
+            let _ = monoio::time::timeout(self.cfg.write_timeout, wr.write_all(out)).await;
+        }
+        let _ = wr.shutdown().await;
+        self.closing.notify();
+        self.closed.set(true);
+        result
+    }
+
+    async fn timer_loop(&self) {
+        let handshake_deadline = monoio::time::Instant::now() + self.cfg.handshake_timeout;
+        loop {
+            if self.closed.get() {
+                return;
+            }
+            let handshaking = self
+                .tls
+                .borrow()
+                .as_ref()
+                .is_some_and(TlsLayer::is_handshaking);
+            let h2_deadline = self
+                .grpc
+                .borrow()
+                .conn()
+                .poll_timeout()
+                .map(monoio::time::Instant::from_std);
+            let deadline = match (handshaking, h2_deadline) {
+                (true, Some(d)) => Some(d.min(handshake_deadline)),
+                (true, None) => Some(handshake_deadline),
+                (false, d) => d,
+            };
+            let Some(deadline) = deadline else {
+                self.wake_timer.notified().await;
+                continue;
+            };
+            monoio::select! {
+                _ = monoio::time::sleep_until(deadline) => {}
+                _ = self.wake_timer.notified() => continue,
+            }
+            if handshaking
+                && monoio::time::Instant::now() >= handshake_deadline
+                && self
+                    .tls
+                    .borrow()
+                    .as_ref()
+                    .is_some_and(TlsLayer::is_handshaking)
+            {
+                self.finish(Some(Error::TlsHandshakeTimeout(self.cfg.handshake_timeout)));
+                return;
+            }
+            self.grpc.borrow_mut().handle_timeout(super::clock::now());
+            self.dispatch();
+            if let Some(e) = self.grpc.borrow().conn().error() {
+                self.error.borrow_mut().get_or_insert(e);
+            }
+            self.wake_writer.notify();
+        }
+    }
+}
