@@ -90,6 +90,8 @@ pub enum Error {
     Frame(konn_frames::Error),
     /// A keepalive PING was not acknowledged in time.
     KeepaliveTimeout,
+    /// The peer closed the connection.
+    ConnectionClosed,
     /// All client stream ids are used up; open a new connection.
     StreamIdsExhausted,
     /// The connection is shutting down (GOAWAY): no new streams.
@@ -211,6 +213,7 @@ impl fmt::Display for Error {
             }
             Self::Frame(e) => write!(f, "HTTP/2: {e}"),
             Self::KeepaliveTimeout => f.write_str("keepalive PING not acknowledged in time"),
+            Self::ConnectionClosed => f.write_str("connection closed by the peer"),
             Self::StreamIdsExhausted => f.write_str("HTTP/2 stream ids exhausted"),
             Self::GoingAway => f.write_str("HTTP/2 connection is going away"),
             Self::TooManyStreams => f.write_str("peer's MAX_CONCURRENT_STREAMS reached"),

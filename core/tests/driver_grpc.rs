@@ -54,7 +54,7 @@ fn now() -> std::time::Instant {
 /// Echoes every message back; finishes the call OK on half-close.
 struct EchoServer;
 
-impl Handler for EchoServer {
+impl Handler<Grpc> for EchoServer {
     fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent) {
         match event {
             GrpcEvent::Call { id, path, .. } => {
@@ -86,7 +86,7 @@ struct Client {
     wake: Rc<Notify>,
 }
 
-impl Handler for Client {
+impl Handler<Grpc> for Client {
     fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent) {
         match event {
             GrpcEvent::ResponseHeaders { metadata, .. } => {
@@ -103,7 +103,7 @@ impl Handler for Client {
     }
 }
 
-fn server_conn(tls: Option<TlsLayer>) -> ConnHandle<EchoServer> {
+fn server_conn(tls: Option<TlsLayer>) -> ConnHandle<Grpc, EchoServer> {
     let grpc = Grpc::new(Connection::new(Config::new(Role::Server), now()), 4 << 20);
     ConnHandle::new(grpc, tls, EchoServer, DriverConfig::default())
 }

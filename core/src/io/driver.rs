@@ -1,19 +1,20 @@
-//! The connection driver: runs one sans-IO [`Grpc`] connection (optionally
-//! under a sans-IO [`TlsLayer`]) on a monoio socket.
+//! The connection driver: runs one sans-IO [`Session`] — a [`Grpc`]
+//! connection, or a bare HTTP/2 [`Connection`] — (optionally under a sans-IO
+//! [`TlsLayer`]) on a monoio socket.
 //!
 //! ```text
 //!            ┌──────────── reader task ────────────┐
-//!  socket ──►│ read → TLS feed → plaintext → grpc.handle_input → events ──► Handler
+//!  socket ──►│ read → TLS feed → plaintext → session.handle_input → events ──► Handler
 //!            └───────────────────────────────────────┘        │
 //!            ┌──────────── writer task ────────────┐          ▼ commands (send, release, …)
-//!  socket ◄──│ write ◄ TLS encrypt ◄ grpc.poll_transmit ◄─────┘   via ConnHandle::with
+//!  socket ◄──│ write ◄ TLS encrypt ◄ session.poll_transmit ◄─────┘   via ConnHandle::with
 //!            └───────────────────────────────────────┘
-//!            timer task: grpc.handle_timeout at grpc.poll_timeout, TLS handshake deadline
+//!            timer task: session timers at poll_timeout, TLS handshake deadline
 //! ```
 //!
 //! All three tasks run on the connection's core and share one [`Conn`]
 //! through `Rc`; they wake each other with [`Notify`]. The handler is called
-//! synchronously for every event with `&mut Grpc`, so it can answer at once;
+//! synchronously for every event with `&mut` session, so it can answer at once;
 //! other tasks (e.g. the agent's destination sockets) reach the connection
 //! through a [`ConnHandle`].
 //!
@@ -34,7 +35,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use monoio::buf::IoBufMut;
@@ -43,8 +44,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
 use super::notify::Notify;
 use super::tls::{Plaintext, TlsLayer};
 use crate::Error;
-use crate::proto::grpc::{Grpc, GrpcEvent};
-#[cfg(doc)]
+use crate::proto::grpc::Grpc;
 use crate::proto::h2::Connection;
 
 /// How much to read per read call.
@@ -72,19 +72,89 @@ impl Default for DriverConfig {
     }
 }
 
-/// The application side of a connection.
-pub trait Handler {
-    /// One event. May issue commands on `grpc` directly.
-    fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent);
+/// A sans-IO connection the driver can run.
+pub trait Session {
+    /// What the session reports to its [`Handler`].
+    type Event;
+    /// Feed received plaintext.
+    fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error>;
+    /// Produce output.
+    fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize;
+    /// Run timers.
+    fn handle_timeout(&mut self, now: Instant);
+    /// The next event.
+    fn poll_event(&mut self) -> Option<Self::Event>;
+    /// The socket is gone.
+    fn connection_lost(&mut self);
+    /// The HTTP/2 connection underneath.
+    fn h2(&self) -> &Connection;
+    /// The HTTP/2 connection underneath, mutably.
+    fn h2_mut(&mut self) -> &mut Connection;
+}
 
-    /// The connection is finished (all calls have had their `Finished`
-    /// event). Called once.
-    fn on_close(&mut self, _grpc: &mut Grpc, _error: Option<&Error>) {}
+impl Session for Grpc {
+    type Event = crate::proto::grpc::GrpcEvent;
+    fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error> {
+        Self::handle_input(self, now, input)
+    }
+    fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
+        Self::poll_transmit(self, now, out, max)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Self::handle_timeout(self, now);
+    }
+    fn poll_event(&mut self) -> Option<Self::Event> {
+        Self::poll_event(self)
+    }
+    fn connection_lost(&mut self) {
+        Self::connection_lost(self);
+    }
+    fn h2(&self) -> &Connection {
+        self.conn()
+    }
+    fn h2_mut(&mut self) -> &mut Connection {
+        self.conn_mut()
+    }
+}
+
+impl Session for Connection {
+    type Event = crate::proto::h2::Event;
+    fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error> {
+        Self::handle_input(self, now, input)
+    }
+    fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
+        Self::poll_transmit(self, now, out, max)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Self::handle_timeout(self, now);
+    }
+    fn poll_event(&mut self) -> Option<Self::Event> {
+        Self::poll_event(self)
+    }
+    fn connection_lost(&mut self) {
+        Self::connection_lost(self);
+    }
+    fn h2(&self) -> &Connection {
+        self
+    }
+    fn h2_mut(&mut self) -> &mut Connection {
+        self
+    }
+}
+
+/// The application side of a connection running session `S`.
+pub trait Handler<S: Session> {
+    /// One event. May issue commands on the session directly.
+    fn on_event(&mut self, session: &mut S, event: S::Event);
+
+    /// The connection is finished (for gRPC: all calls have had their
+    /// `Finished` event). Called once.
+    fn on_close(&mut self, _session: &mut S, _error: Option<&Error>) {}
 }
 
 /// The state shared by a connection's tasks and its handles.
-pub struct Conn<H> {
-    grpc: RefCell<Grpc>,
+pub struct Conn<S, H> {
+    session: RefCell<S>,
     tls: RefCell<Option<TlsLayer>>,
     handler: RefCell<H>,
     wake_writer: Notify,
@@ -98,19 +168,19 @@ pub struct Conn<H> {
 }
 
 /// A cheap, clonable reference to a running connection (same core only).
-pub struct ConnHandle<H>(Rc<Conn<H>>);
+pub struct ConnHandle<S, H>(Rc<Conn<S, H>>);
 
-impl<H> Clone for ConnHandle<H> {
+impl<S, H> Clone for ConnHandle<S, H> {
     fn clone(&self) -> Self {
         Self(self.0.clone())
     }
 }
 
-impl<H: Handler + 'static> ConnHandle<H> {
+impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     /// A connection ready to [`ConnHandle::run`].
-    pub fn new(grpc: Grpc, tls: Option<TlsLayer>, handler: H, cfg: DriverConfig) -> Self {
+    pub fn new(session: S, tls: Option<TlsLayer>, handler: H, cfg: DriverConfig) -> Self {
         Self(Rc::new(Conn {
-            grpc: RefCell::new(grpc),
+            session: RefCell::new(session),
             tls: RefCell::new(tls),
             handler: RefCell::new(handler),
             wake_writer: Notify::new(),
@@ -126,17 +196,17 @@ impl<H: Handler + 'static> ConnHandle<H> {
     /// Run `f` on the connection and its handler, then deliver the events it
     /// caused and schedule output. Fails when called from inside this
     /// connection's own handler.
-    pub fn with<R>(&self, f: impl FnOnce(&mut Grpc, &mut H) -> R) -> Result<R, Error> {
+    pub fn with<R>(&self, f: impl FnOnce(&mut S, &mut H) -> R) -> Result<R, Error> {
         let r = {
-            let (Ok(mut grpc), Ok(mut handler)) = (
-                self.0.grpc.try_borrow_mut(),
+            let (Ok(mut session), Ok(mut handler)) = (
+                self.0.session.try_borrow_mut(),
                 self.0.handler.try_borrow_mut(),
             ) else {
                 return Err(Error::H2Usage(
                     "ConnHandle::with called from inside the connection's handler",
                 ));
             };
-            f(&mut grpc, &mut handler)
+            f(&mut session, &mut handler)
         };
         self.0.dispatch();
         self.0.wake_writer.notify();
@@ -151,16 +221,16 @@ impl<H: Handler + 'static> ConnHandle<H> {
 
     /// Start a graceful shutdown (GOAWAY; calls in progress finish).
     pub fn shutdown(&self) {
-        let _ = self.with(|g, _| g.conn_mut().shutdown());
+        let _ = self.with(|s, _| s.h2_mut().shutdown());
     }
 
     /// Drive the connection on `io` until it is finished. Returns the error
     /// that ended it, if any.
-    pub async fn run<S>(self, io: S) -> Result<(), Error>
+    pub async fn run<IO>(self, io: IO) -> Result<(), Error>
     where
-        S: Splitable,
-        S::OwnedRead: AsyncReadRent + 'static,
-        S::OwnedWrite: AsyncWriteRent + 'static,
+        IO: Splitable,
+        IO::OwnedRead: AsyncReadRent + 'static,
+        IO::OwnedWrite: AsyncWriteRent + 'static,
     {
         let (rd, wr) = io.into_split();
         let conn = self.0.clone();
@@ -174,11 +244,11 @@ impl<H: Handler + 'static> ConnHandle<H> {
         timer.await;
         let err = self.0.error.borrow_mut().take();
         {
-            let mut grpc = self.0.grpc.borrow_mut();
+            let mut session = self.0.session.borrow_mut();
             self.0
                 .handler
                 .borrow_mut()
-                .on_close(&mut grpc, err.as_ref());
+                .on_close(&mut session, err.as_ref());
         }
         match err {
             Some(e) => Err(e),
@@ -187,16 +257,16 @@ impl<H: Handler + 'static> ConnHandle<H> {
     }
 }
 
-impl<H: Handler> Conn<H> {
+impl<S: Session, H: Handler<S>> Conn<S, H> {
     /// Deliver pending events to the handler.
     fn dispatch(&self) {
-        let (Ok(mut grpc), Ok(mut handler)) =
-            (self.grpc.try_borrow_mut(), self.handler.try_borrow_mut())
+        let (Ok(mut session), Ok(mut handler)) =
+            (self.session.try_borrow_mut(), self.handler.try_borrow_mut())
         else {
             return; // already dispatching further up the stack
         };
-        while let Some(ev) = grpc.poll_event() {
-            handler.on_event(&mut grpc, ev);
+        while let Some(ev) = session.poll_event() {
+            handler.on_event(&mut session, ev);
         }
     }
 
@@ -206,7 +276,7 @@ impl<H: Handler> Conn<H> {
             self.error.borrow_mut().get_or_insert(e);
         }
         if !self.closed.replace(true) {
-            self.grpc.borrow_mut().connection_lost();
+            self.session.borrow_mut().connection_lost();
             self.dispatch();
         }
         self.closing.notify();
@@ -220,11 +290,11 @@ impl<H: Handler> Conn<H> {
         let tls = self.tls.borrow().is_some();
         loop {
             // Process what is buffered first (reading may have paused).
-            if self.grpc.borrow().conn().wants_read() {
+            if self.session.borrow().h2().wants_read() {
                 let input = if tls { &mut plain } else { &mut buf };
                 if !input.is_empty() {
                     let r = self
-                        .grpc
+                        .session
                         .borrow_mut()
                         .handle_input(super::clock::now(), input);
                     self.dispatch();
@@ -237,7 +307,7 @@ impl<H: Handler> Conn<H> {
             if self.closed.get() {
                 return Ok(());
             }
-            if !self.grpc.borrow().conn().wants_read() {
+            if !self.session.borrow().h2().wants_read() {
                 monoio::select! {
                     _ = self.wake_reader.notified() => {}
                     _ = self.closing.notified() => {}
@@ -303,7 +373,7 @@ impl<H: Handler> Conn<H> {
         let mut out = BytesMut::with_capacity(64 * 1024);
         let result = loop {
             if plain.is_empty() {
-                self.grpc.borrow_mut().poll_transmit(
+                self.session.borrow_mut().poll_transmit(
                     super::clock::now(),
                     &mut plain,
                     self.cfg.max_write_batch,
@@ -321,7 +391,7 @@ impl<H: Handler> Conn<H> {
                 std::mem::swap(&mut plain, &mut out);
             }
             if out.is_empty() {
-                let done = self.grpc.borrow().conn().is_closed() || self.closed.get();
+                let done = self.session.borrow().h2().is_closed() || self.closed.get();
                 if done {
                     break Ok(());
                 }
@@ -371,9 +441,9 @@ impl<H: Handler> Conn<H> {
                 .as_ref()
                 .is_some_and(TlsLayer::is_handshaking);
             let h2_deadline = self
-                .grpc
+                .session
                 .borrow()
-                .conn()
+                .h2()
                 .poll_timeout()
                 .map(monoio::time::Instant::from_std);
             let deadline = match (handshaking, h2_deadline) {
@@ -400,9 +470,11 @@ impl<H: Handler> Conn<H> {
                 self.finish(Some(Error::TlsHandshakeTimeout(self.cfg.handshake_timeout)));
                 return;
             }
-            self.grpc.borrow_mut().handle_timeout(super::clock::now());
+            self.session
+                .borrow_mut()
+                .handle_timeout(super::clock::now());
             self.dispatch();
-            if let Some(e) = self.grpc.borrow().conn().error() {
+            if let Some(e) = self.session.borrow().h2().error() {
                 self.error.borrow_mut().get_or_insert(e);
             }
             self.wake_writer.notify();

@@ -181,6 +181,8 @@ impl Grpc {
     /// finishes with `UNAVAILABLE`.
     pub fn connection_lost(&mut self) {
         self.fail_all();
+        self.conn.connection_lost();
+        self.pump();
     }
 
     /// The next call event.

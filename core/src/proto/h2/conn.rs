@@ -52,6 +52,8 @@ enum Fail {
     Remote(Reason),
     /// A keepalive PING went unanswered.
     Keepalive,
+    /// The socket closed under us.
+    Lost,
 }
 
 impl Fail {
@@ -61,6 +63,7 @@ impl Fail {
             Self::Frame(e) => Error::Frame(e),
             Self::Remote(reason) => Error::H2Remote { reason },
             Self::Keepalive => Error::KeepaliveTimeout,
+            Self::Lost => Error::ConnectionClosed,
         }
     }
 
@@ -69,7 +72,7 @@ impl Fail {
         match self {
             Self::Local { reason, .. } => Some(reason),
             Self::Frame(e) => Some(e.h2().map_or(Reason::PROTOCOL_ERROR, |(r, _)| r)),
-            Self::Remote(_) | Self::Keepalive => None,
+            Self::Remote(_) | Self::Keepalive | Self::Lost => None,
         }
     }
 }
@@ -486,6 +489,30 @@ impl Connection {
             },
             Bytes::from_static(debug.as_bytes()),
         );
+    }
+
+    /// The socket closed (EOF or error): every open stream is reset with
+    /// `CANCEL` (reported as remote) and the connection is finished.
+    pub fn connection_lost(&mut self) {
+        if self.error.is_some() {
+            return;
+        }
+        let mut open: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.state != State::Closed)
+            .map(|(id, _)| *id)
+            .collect();
+        open.sort_unstable();
+        for id in open {
+            self.close_stream(id, Closed::Other);
+            self.events.push_back(Event::Reset {
+                id,
+                reason: Reason::CANCEL,
+                remote: true,
+            });
+        }
+        self.fail(Fail::Lost, Bytes::new());
     }
 
     /// The next event, if any.
