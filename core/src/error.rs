@@ -130,6 +130,40 @@ pub enum Error {
     /// `accept` failed with an error that retrying cannot fix (for example
     /// `EBADF` or `EINVAL`), so the accept loop ended.
     Accept(io::Error),
+
+    // ---- HTTP/2 connections (proto::h2): per-connection errors ----
+    /// We found a connection error in the peer's frames and sent GOAWAY
+    /// with this code (`what` names the rule that was broken).
+    H2Local {
+        /// The GOAWAY error code.
+        reason: konn_frames::Reason,
+        /// The broken rule, e.g. "DATA on an idle stream".
+        what: &'static str,
+    },
+    /// The peer closed the connection with GOAWAY carrying an error code.
+    H2Remote {
+        /// The peer's error code.
+        reason: konn_frames::Reason,
+    },
+    /// The peer's bytes are not valid HTTP/2 or HPACK.
+    Frame(konn_frames::Error),
+    /// A keepalive PING was not acknowledged in time.
+    KeepaliveTimeout,
+    /// The peer closed the connection.
+    ConnectionClosed,
+    /// All client stream ids are used up; open a new connection.
+    StreamIdsExhausted,
+    /// The connection is shutting down (GOAWAY): no new streams.
+    GoingAway,
+    /// The peer's SETTINGS_MAX_CONCURRENT_STREAMS is reached.
+    TooManyStreams,
+    /// The stream is closed for sending, or unknown.
+    StreamClosed(u32),
+    /// The application used the connection API wrongly (a bug).
+    H2Usage(&'static str),
+    /// A socket write made no progress for this long: the peer stopped
+    /// reading (zero window or full socket buffer).
+    WriteTimeout(Duration),
 }
 
 /// What is wrong with a PEM file (see [`Error::Pem`]).
@@ -266,6 +300,19 @@ impl fmt::Display for Error {
                 path.display()
             ),
             Self::Accept(cause) => write!(f, "accept failed permanently: {cause}"),
+            Self::H2Local { reason, what } => write!(f, "HTTP/2 connection error {reason}: {what}"),
+            Self::H2Remote { reason } => {
+                write!(f, "HTTP/2 peer closed the connection with {reason}")
+            }
+            Self::Frame(e) => write!(f, "HTTP/2: {e}"),
+            Self::KeepaliveTimeout => f.write_str("keepalive PING not acknowledged in time"),
+            Self::ConnectionClosed => f.write_str("connection closed by the peer"),
+            Self::StreamIdsExhausted => f.write_str("HTTP/2 stream ids exhausted"),
+            Self::GoingAway => f.write_str("HTTP/2 connection is going away"),
+            Self::TooManyStreams => f.write_str("peer's MAX_CONCURRENT_STREAMS reached"),
+            Self::StreamClosed(id) => write!(f, "HTTP/2 stream {id} is closed"),
+            Self::H2Usage(what) => write!(f, "HTTP/2 API misuse: {what}"),
+            Self::WriteTimeout(d) => write!(f, "peer did not read for {d:?}: write timed out"),
         }
     }
 }
@@ -305,6 +352,7 @@ impl std::error::Error for Error {
             | Self::SpawnWorker { source: e, .. }
             | Self::Bind { source: e, .. } => Some(e),
             Self::Tls(e) => Some(e),
+            Self::Frame(e) => Some(e),
             _ => None,
         }
     }

@@ -8,11 +8,10 @@
 //!   (io_uring with epoll fallback), buffer pools, TLS, and the drivers that
 //!   pump bytes between sockets and the state machines.
 //!
-//! This crate is being built (issue "The tunnel engine"); so far it holds the
-//! `io` foundation: runtime and engine choice, buffer pools, the cross-core
-//! mesh, listeners and TLS. Errors of every module are [`Error`].
+//! Errors of every module are [`Error`].
 
 pub mod error;
 pub mod io;
+pub mod proto;
 
 pub use error::Error;

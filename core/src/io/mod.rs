@@ -17,11 +17,17 @@
 //!   listener, and an accept loop that survives `EMFILE` and friends.
 //! - [`tls`]: the TLS layer (rustls) that drivers put between a socket and the
 //!   HTTP/2 state machine, and the configuration builders for the Go flags.
+//! - [`driver`]: runs one HTTP/2 or gRPC session (optionally under TLS) on a
+//!   socket with reader, writer and timer tasks; [`notify`] wakes them and
+//!   [`clock`] is where drivers read the time.
 //!
 //! Design notes: `docs/design/cross-core.md`, `docs/design/buffers.md`,
 //! `docs/design/tls.md`.
 
+pub mod clock;
+pub mod driver;
 pub mod listen;
+pub mod notify;
 pub mod pool;
 pub mod runtime;
 pub mod tls;

@@ -1,0 +1,485 @@
+//! The connection driver: runs one sans-IO [`Session`] — a [`Grpc`]
+//! connection, or a bare HTTP/2 [`Connection`] — (optionally under a sans-IO
+//! [`TlsLayer`]) on a monoio socket.
+//!
+//! ```text
+//!            ┌──────────── reader task ────────────┐
+//!  socket ──►│ read → TLS feed → plaintext → session.handle_input → events ──► Handler
+//!            └───────────────────────────────────────┘        │
+//!            ┌──────────── writer task ────────────┐          ▼ commands (send, release, …)
+//!  socket ◄──│ write ◄ TLS encrypt ◄ session.poll_transmit ◄─────┘   via ConnHandle::with
+//!            └───────────────────────────────────────┘
+//!            timer task: session timers at poll_timeout, TLS handshake deadline
+//! ```
+//!
+//! All three tasks run on the connection's core and share one [`Conn`]
+//! through `Rc`; they wake each other with [`Notify`]. The handler is called
+//! synchronously for every event with `&mut` session, so it can answer at once;
+//! other tasks (e.g. the agent's destination sockets) reach the connection
+//! through a [`ConnHandle`].
+//!
+//! **Re-entrancy rule.** `ConnHandle::with` must not be called for a
+//! connection from inside that same connection's handler (the state is
+//! already borrowed); it reports [`Error::H2Usage`] instead of panicking.
+//!
+//! **Deadlines.** Every wait is bounded: the TLS handshake
+//! ([`DriverConfig::handshake_timeout`]), each socket write
+//! ([`DriverConfig::write_timeout`]: a peer that stops reading — a zero
+//! window or a full socket buffer — is disconnected), keepalive PINGs (in
+//! the HTTP/2 machine). Reads wait for the peer indefinitely, which is the
+//! keepalive's job to bound.
+//!
+//! **Back-pressure.** The reader stops reading while the HTTP/2 machine has
+//! too many control replies queued ([`Connection::wants_read`]) and resumes
+//! when the writer has flushed them.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
+
+use super::notify::Notify;
+use super::runtime::{Either, race};
+use super::tls::{Plaintext, TlsLayer};
+use crate::Error;
+use crate::proto::grpc::Grpc;
+use crate::proto::h2::Connection;
+
+/// How much to read per read call.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Driver settings.
+#[derive(Clone, Copy, Debug)]
+pub struct DriverConfig {
+    /// Close the connection when one socket write makes no complete progress
+    /// for this long (slow-reader / zero-window defence).
+    pub write_timeout: Duration,
+    /// Close the connection when the TLS handshake takes longer.
+    pub handshake_timeout: Duration,
+    /// Bytes of HTTP/2 output gathered per socket write.
+    pub max_write_batch: usize,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        Self {
+            write_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(20),
+            max_write_batch: 256 * 1024,
+        }
+    }
+}
+
+/// A sans-IO connection the driver can run.
+pub trait Session {
+    /// What the session reports to its [`Handler`].
+    type Event;
+    /// Feed received plaintext.
+    fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error>;
+    /// Produce output.
+    fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize;
+    /// Run timers.
+    fn handle_timeout(&mut self, now: Instant);
+    /// The next event.
+    fn poll_event(&mut self) -> Option<Self::Event>;
+    /// The socket is gone.
+    fn connection_lost(&mut self);
+    /// The HTTP/2 connection underneath.
+    fn h2(&self) -> &Connection;
+    /// The HTTP/2 connection underneath, mutably.
+    fn h2_mut(&mut self) -> &mut Connection;
+}
+
+impl Session for Grpc {
+    type Event = crate::proto::grpc::GrpcEvent;
+    fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error> {
+        Self::handle_input(self, now, input)
+    }
+    fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
+        Self::poll_transmit(self, now, out, max)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Self::handle_timeout(self, now);
+    }
+    fn poll_event(&mut self) -> Option<Self::Event> {
+        Self::poll_event(self)
+    }
+    fn connection_lost(&mut self) {
+        Self::connection_lost(self);
+    }
+    fn h2(&self) -> &Connection {
+        self.conn()
+    }
+    fn h2_mut(&mut self) -> &mut Connection {
+        self.conn_mut()
+    }
+}
+
+impl Session for Connection {
+    type Event = crate::proto::h2::Event;
+    fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error> {
+        Self::handle_input(self, now, input)
+    }
+    fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
+        Self::poll_transmit(self, now, out, max)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Self::handle_timeout(self, now);
+    }
+    fn poll_event(&mut self) -> Option<Self::Event> {
+        Self::poll_event(self)
+    }
+    fn connection_lost(&mut self) {
+        Self::connection_lost(self);
+    }
+    fn h2(&self) -> &Connection {
+        self
+    }
+    fn h2_mut(&mut self) -> &mut Connection {
+        self
+    }
+}
+
+/// The application side of a connection running session `S`.
+pub trait Handler<S: Session> {
+    /// One event. May issue commands on the session directly.
+    fn on_event(&mut self, session: &mut S, event: S::Event);
+
+    /// The connection is finished (for gRPC: all calls have had their
+    /// `Finished` event). Called once.
+    fn on_close(&mut self, _session: &mut S, _error: Option<&Error>) {}
+}
+
+/// The state shared by a connection's tasks and its handles.
+pub struct Conn<S, H> {
+    session: RefCell<S>,
+    tls: RefCell<Option<TlsLayer>>,
+    handler: RefCell<H>,
+    wake_writer: Notify,
+    wake_reader: Notify,
+    wake_timer: Notify,
+    /// Stops a read in flight.
+    closing: Notify,
+    closed: Cell<bool>,
+    error: RefCell<Option<Error>>,
+    cfg: DriverConfig,
+}
+
+/// A cheap, clonable reference to a running connection (same core only).
+pub struct ConnHandle<S, H>(Rc<Conn<S, H>>);
+
+impl<S, H> Clone for ConnHandle<S, H> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
+    /// A connection ready to [`ConnHandle::run`].
+    pub fn new(session: S, tls: Option<TlsLayer>, handler: H, cfg: DriverConfig) -> Self {
+        Self(Rc::new(Conn {
+            session: RefCell::new(session),
+            tls: RefCell::new(tls),
+            handler: RefCell::new(handler),
+            wake_writer: Notify::new(),
+            wake_reader: Notify::new(),
+            wake_timer: Notify::new(),
+            closing: Notify::new(),
+            closed: Cell::new(false),
+            error: RefCell::new(None),
+            cfg,
+        }))
+    }
+
+    /// Run `f` on the connection and its handler, then deliver the events it
+    /// caused and schedule output. Fails when called from inside this
+    /// connection's own handler.
+    pub fn with<R>(&self, f: impl FnOnce(&mut S, &mut H) -> R) -> Result<R, Error> {
+        let r = {
+            let (Ok(mut session), Ok(mut handler)) = (
+                self.0.session.try_borrow_mut(),
+                self.0.handler.try_borrow_mut(),
+            ) else {
+                return Err(Error::H2Usage(
+                    "ConnHandle::with called from inside the connection's handler",
+                ));
+            };
+            f(&mut session, &mut handler)
+        };
+        self.0.dispatch();
+        self.0.wake_writer.notify();
+        self.0.wake_timer.notify();
+        Ok(r)
+    }
+
+    /// The connection has finished.
+    pub fn is_closed(&self) -> bool {
+        self.0.closed.get()
+    }
+
+    /// Start a graceful shutdown (GOAWAY; calls in progress finish).
+    pub fn shutdown(&self) {
+        let _ = self.with(|s, _| s.h2_mut().shutdown());
+    }
+
+    /// Drive the connection on `io` until it is finished. Returns the error
+    /// that ended it, if any.
+    pub async fn run<IO>(self, io: IO) -> Result<(), Error>
+    where
+        IO: Splitable,
+        IO::OwnedRead: AsyncReadRent + 'static,
+        IO::OwnedWrite: AsyncWriteRent + 'static,
+    {
+        let (rd, wr) = io.into_split();
+        let conn = self.0.clone();
+        let writer = monoio::spawn(async move { conn.write_loop(wr).await });
+        let conn = self.0.clone();
+        let timer = monoio::spawn(async move { conn.timer_loop().await });
+        let read_result = self.0.read_loop(rd).await;
+        self.0.finish(read_result.err());
+        let write_result = writer.await;
+        self.0.finish(write_result.err());
+        timer.await;
+        let err = self.0.error.borrow_mut().take();
+        {
+            let mut session = self.0.session.borrow_mut();
+            self.0
+                .handler
+                .borrow_mut()
+                .on_close(&mut session, err.as_ref());
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<S: Session, H: Handler<S>> Conn<S, H> {
+    /// Deliver pending events to the handler.
+    fn dispatch(&self) {
+        let (Ok(mut session), Ok(mut handler)) =
+            (self.session.try_borrow_mut(), self.handler.try_borrow_mut())
+        else {
+            return; // already dispatching further up the stack
+        };
+        while let Some(ev) = session.poll_event() {
+            handler.on_event(&mut session, ev);
+        }
+    }
+
+    /// Mark the connection finished, remembering the first error.
+    fn finish(&self, err: Option<Error>) {
+        if let Some(e) = err {
+            self.error.borrow_mut().get_or_insert(e);
+        }
+        if !self.closed.replace(true) {
+            self.session.borrow_mut().connection_lost();
+            self.dispatch();
+        }
+        self.closing.notify();
+        self.wake_writer.notify();
+        self.wake_timer.notify();
+    }
+
+    async fn read_loop<R: AsyncReadRent>(&self, mut rd: R) -> Result<(), Error> {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        let mut plain = BytesMut::new();
+        let tls = self.tls.borrow().is_some();
+        loop {
+            // Process what is buffered first (reading may have paused).
+            if self.session.borrow().h2().wants_read() {
+                let input = if tls { &mut plain } else { &mut buf };
+                if !input.is_empty() {
+                    let r = self
+                        .session
+                        .borrow_mut()
+                        .handle_input(super::clock::now(), input);
+                    self.dispatch();
+                    self.wake_writer.notify();
+                    self.wake_timer.notify();
+                    // On error GOAWAY is queued; the writer flushes it and ends.
+                    r?;
+                }
+            }
+            if self.closed.get() {
+                return Ok(());
+            }
+            if !self.session.borrow().h2().wants_read() {
+                race(self.wake_reader.notified(), self.closing.notified()).await;
+                continue;
+            }
+            if tls && !buf.is_empty() {
+                // Ciphertext rustls could not take yet (its buffer was full).
+                self.feed_tls(&mut buf, &mut plain)?;
+                if !plain.is_empty() {
+                    continue;
+                }
+            }
+            buf.reserve(READ_CHUNK);
+            let len = buf.len();
+            let read = rd.read(buf.slice_mut(len..));
+            let (res, slice) = match race(read, self.closing.notified()).await {
+                Either::Left(r) => r,
+                Either::Right(()) => return Ok(()),
+            };
+            buf = slice.into_inner();
+            let n = res.map_err(Error::Io)?;
+            if n == 0 {
+                if let Some(t) = self.tls.borrow_mut().as_mut() {
+                    t.feed_eof()?;
+                }
+                return Ok(());
+            }
+            if tls {
+                self.feed_tls(&mut buf, &mut plain)?;
+                // A TLS handshake or key update may need an answer.
+                self.wake_writer.notify();
+            }
+        }
+    }
+
+    /// Move ciphertext from `buf` through rustls into `plain`.
+    fn feed_tls(&self, buf: &mut BytesMut, plain: &mut BytesMut) -> Result<(), Error> {
+        let mut tls = self.tls.borrow_mut();
+        let Some(t) = tls.as_mut() else { return Ok(()) };
+        loop {
+            let used = t.feed_tls(buf)?;
+            buf.advance(used);
+            let mut eof = false;
+            loop {
+                match t.read_plaintext(plain)? {
+                    Plaintext::Data(_) => {}
+                    Plaintext::Empty => break,
+                    Plaintext::Eof => {
+                        eof = true;
+                        break;
+                    }
+                }
+            }
+            if eof || buf.is_empty() || used == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn write_loop<W: AsyncWriteRent>(&self, mut wr: W) -> Result<(), Error> {
+        let mut plain = BytesMut::with_capacity(64 * 1024);
+        let mut out = BytesMut::with_capacity(64 * 1024);
+        let result = loop {
+            if plain.is_empty() {
+                self.session.borrow_mut().poll_transmit(
+                    super::clock::now(),
+                    &mut plain,
+                    self.cfg.max_write_batch,
+                );
+                self.dispatch();
+            }
+            if let Some(t) = self.tls.borrow_mut().as_mut() {
+                let used = match t.write_plaintext(&plain) {
+                    Ok(n) => n,
+                    Err(e) => break Err(e),
+                };
+                plain.advance(used);
+                t.take_tls(&mut out);
+            } else {
+                std::mem::swap(&mut plain, &mut out);
+            }
+            if out.is_empty() {
+                let done = self.session.borrow().h2().is_closed() || self.closed.get();
+                if done {
+                    break Ok(());
+                }
+                self.wake_writer.notified().await;
+                continue;
+            }
+            let Ok((res, o)) =
+                monoio::time::timeout(self.cfg.write_timeout, wr.write_all(out)).await
+            else {
+                // The buffer went with the cancelled write.
+                out = BytesMut::new();
+                break Err(Error::WriteTimeout(self.cfg.write_timeout));
+            };
+            out = o;
+            out.clear();
+            if let Err(e) = res {
+                break Err(Error::Io(e));
+            }
+            // Control replies were flushed: reading may resume.
+            self.wake_reader.notify();
+        };
+        // Say goodbye properly where we can, then stop the reader.
+        if result.is_ok()
+            && let Some(t) = self.tls.borrow_mut().as_mut()
+        {
+            t.send_close_notify();
+            t.take_tls(&mut out);
+        }
+        if result.is_ok() && !out.is_empty() {
+            let _ = monoio::time::timeout(self.cfg.write_timeout, wr.write_all(out)).await;
+        }
+        let _ = wr.shutdown().await;
+        self.closing.notify();
+        self.closed.set(true);
+        result
+    }
+
+    async fn timer_loop(&self) {
+        let handshake_deadline = monoio::time::Instant::now() + self.cfg.handshake_timeout;
+        loop {
+            if self.closed.get() {
+                return;
+            }
+            let handshaking = self
+                .tls
+                .borrow()
+                .as_ref()
+                .is_some_and(TlsLayer::is_handshaking);
+            let h2_deadline = self
+                .session
+                .borrow()
+                .h2()
+                .poll_timeout()
+                .map(monoio::time::Instant::from_std);
+            let deadline = match (handshaking, h2_deadline) {
+                (true, Some(d)) => Some(d.min(handshake_deadline)),
+                (true, None) => Some(handshake_deadline),
+                (false, d) => d,
+            };
+            let Some(deadline) = deadline else {
+                self.wake_timer.notified().await;
+                continue;
+            };
+            if let Either::Right(()) = race(
+                monoio::time::sleep_until(deadline),
+                self.wake_timer.notified(),
+            )
+            .await
+            {
+                continue;
+            }
+            if handshaking
+                && monoio::time::Instant::now() >= handshake_deadline
+                && self
+                    .tls
+                    .borrow()
+                    .as_ref()
+                    .is_some_and(TlsLayer::is_handshaking)
+            {
+                self.finish(Some(Error::TlsHandshakeTimeout(self.cfg.handshake_timeout)));
+                return;
+            }
+            self.session
+                .borrow_mut()
+                .handle_timeout(super::clock::now());
+            self.dispatch();
+            if let Some(e) = self.session.borrow().h2().error() {
+                self.error.borrow_mut().get_or_insert(e);
+            }
+            self.wake_writer.notify();
+        }
+    }
+}
