@@ -2,4 +2,9 @@
 //!
 //! Everything `proxy-server` does lives here so tests can drive it in-process;
 //! `main.rs` only parses flags, sets up logging and starts it.
-//! Being built (issue "proxy-server"); modules are added as they land.
+//!
+//! - [`backends`]: the backend directory and the proxy strategies.
+//! - [`router`]: the per-core protocol state machine (sans-IO).
+
+pub mod backends;
+pub mod router;
