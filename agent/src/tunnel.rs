@@ -307,79 +307,6 @@ impl Tunnel {
     }
 }
 
-/// Go's error text for a failed TCP dial (`net.Dial`), which the server maps
-/// to HTTP statuses by substring: `dial tcp ADDR: connect: connection
-/// refused`, `dial tcp ADDR: i/o timeout`, `dial tcp: lookup HOST: no such
-/// host`.
-pub fn go_dial_error(address: &str, err: &DialError) -> String {
-    match err {
-        DialError::Timeout => format!("dial tcp {address}: i/o timeout"),
-        DialError::NoSuchHost(host) => format!("dial tcp: lookup {host}: no such host"),
-        DialError::BadAddress(why) => format!("dial tcp: address {address}: {why}"),
-        DialError::Os { addr, errno } => {
-            format!("dial tcp {addr}: connect: {}", errno_text(*errno))
-        }
-    }
-}
-
-/// Why a dial failed, as the IO layer observed it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DialError {
-    /// The connect did not complete in time.
-    Timeout,
-    /// The name did not resolve.
-    NoSuchHost(String),
-    /// The address is not `host:port` (Go: "missing port in address", …).
-    BadAddress(String),
-    /// `connect(2)` failed with this errno for this resolved address.
-    Os {
-        /// The resolved `ip:port`.
-        addr: String,
-        /// The errno.
-        errno: i32,
-    },
-}
-
-/// Go's (lower-case) text for the errnos a connect can fail with.
-pub fn errno_text(errno: i32) -> String {
-    match errno {
-        libc_errno::ECONNREFUSED => "connection refused".into(),
-        libc_errno::ENETUNREACH => "network is unreachable".into(),
-        libc_errno::EHOSTUNREACH => "no route to host".into(),
-        libc_errno::ETIMEDOUT => "connection timed out".into(),
-        libc_errno::ECONNRESET => "connection reset by peer".into(),
-        libc_errno::EMFILE => "too many open files".into(),
-        libc_errno::ENFILE => "too many open files in system".into(),
-        libc_errno::EADDRNOTAVAIL => "cannot assign requested address".into(),
-        libc_errno::ENETDOWN => "network is down".into(),
-        libc_errno::EACCES => "permission denied".into(),
-        _ => {
-            let s = std::io::Error::from_raw_os_error(errno).to_string();
-            // "Connection refused (os error 111)" → "connection refused"
-            let s = s.split(" (os error").next().unwrap_or(&s);
-            let mut c = s.chars();
-            match c.next() {
-                Some(f) => f.to_lowercase().chain(c).collect(),
-                None => String::new(),
-            }
-        }
-    }
-}
-
-/// Linux errno values used above (stable ABI numbers; no libc dependency).
-mod libc_errno {
-    pub(super) const EACCES: i32 = 13;
-    pub(super) const EMFILE: i32 = 24;
-    pub(super) const ENFILE: i32 = 23;
-    pub(super) const EADDRNOTAVAIL: i32 = 99;
-    pub(super) const ENETDOWN: i32 = 100;
-    pub(super) const ENETUNREACH: i32 = 101;
-    pub(super) const ECONNRESET: i32 = 104;
-    pub(super) const ETIMEDOUT: i32 = 110;
-    pub(super) const ECONNREFUSED: i32 = 111;
-    pub(super) const EHOSTUNREACH: i32 = 113;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -582,31 +509,5 @@ mod tests {
         t.drain();
         t.drain();
         assert_eq!(actions(&mut t), vec![Action::ToServer(Packet::Drain)]);
-    }
-
-    #[test]
-    fn go_error_texts() {
-        assert_eq!(
-            go_dial_error(
-                "10.0.0.5:1",
-                &DialError::Os {
-                    addr: "10.0.0.5:1".into(),
-                    errno: 111
-                }
-            ),
-            "dial tcp 10.0.0.5:1: connect: connection refused"
-        );
-        assert_eq!(
-            go_dial_error("10.0.0.5:1", &DialError::Timeout),
-            "dial tcp 10.0.0.5:1: i/o timeout"
-        );
-        assert_eq!(
-            go_dial_error(
-                "nowhere.invalid:1",
-                &DialError::NoSuchHost("nowhere.invalid".into())
-            ),
-            "dial tcp: lookup nowhere.invalid: no such host"
-        );
-        assert_eq!(errno_text(1), "operation not permitted");
     }
 }

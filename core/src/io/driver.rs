@@ -177,6 +177,36 @@ impl<S, H> Clone for ConnHandle<S, H> {
     }
 }
 
+/// A non-owning [`ConnHandle`]: what a connection's own handler keeps to
+/// give to the tasks it spawns, without keeping the connection alive.
+pub struct WeakConnHandle<S, H>(std::rc::Weak<Conn<S, H>>);
+
+impl<S, H> Clone for WeakConnHandle<S, H> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<S, H> Default for WeakConnHandle<S, H> {
+    fn default() -> Self {
+        Self(std::rc::Weak::new())
+    }
+}
+
+impl<S, H> WeakConnHandle<S, H> {
+    /// The connection, if it still exists.
+    pub fn upgrade(&self) -> Option<ConnHandle<S, H>> {
+        self.0.upgrade().map(ConnHandle)
+    }
+}
+
+impl<S, H> ConnHandle<S, H> {
+    /// A non-owning handle.
+    pub fn downgrade(&self) -> WeakConnHandle<S, H> {
+        WeakConnHandle(Rc::downgrade(&self.0))
+    }
+}
+
 impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     /// A connection ready to [`ConnHandle::run`].
     pub fn new(session: S, tls: Option<TlsLayer>, handler: H, cfg: DriverConfig) -> Self {

@@ -834,6 +834,17 @@ enum EngineRuntime {
 #[cfg(test)]
 static FAIL_URING_BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Threads shared by every worker for the few blocking calls konn makes
+/// (name resolution through `getaddrinfo`); `monoio::spawn_blocking` runs
+/// on them.
+pub const BLOCKING_THREADS: usize = 2;
+
+fn blocking_pool() -> monoio::blocking::DefaultThreadPool {
+    static POOL: OnceLock<monoio::blocking::DefaultThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| monoio::blocking::DefaultThreadPool::new(BLOCKING_THREADS))
+        .clone()
+}
+
 impl EngineRuntime {
     fn build(engine: Engine, entries: u32) -> io::Result<Self> {
         #[cfg(test)]
@@ -849,12 +860,14 @@ impl EngineRuntime {
                 RuntimeBuilder::<IoUringDriver>::new()
                     .with_entries(entries)
                     .enable_timer()
+                    .attach_thread_pool(Box::new(blocking_pool()))
                     .build()?,
             ),
             Engine::Epoll => Self::Epoll(
                 RuntimeBuilder::<LegacyDriver>::new()
                     .with_entries(entries)
                     .enable_timer()
+                    .attach_thread_pool(Box::new(blocking_pool()))
                     .build()?,
             ),
         })
