@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Split, Splitable};
 
 use super::notify::Notify;
 use super::runtime::{Either, race};
@@ -91,6 +91,11 @@ pub trait Session {
     fn h2(&self) -> &Connection;
     /// The HTTP/2 connection underneath, mutably.
     fn h2_mut(&mut self) -> &mut Connection;
+    /// An inert value left behind when the real session is moved out of a
+    /// detached connection.
+    fn placeholder() -> Self
+    where
+        Self: Sized;
 }
 
 impl Session for Grpc {
@@ -115,6 +120,9 @@ impl Session for Grpc {
     }
     fn h2_mut(&mut self) -> &mut Connection {
         self.conn_mut()
+    }
+    fn placeholder() -> Self {
+        Self::new(<Connection as Session>::placeholder(), 0)
     }
 }
 
@@ -141,6 +149,12 @@ impl Session for Connection {
     fn h2_mut(&mut self) -> &mut Connection {
         self
     }
+    fn placeholder() -> Self {
+        Self::new(
+            crate::proto::h2::Config::new(crate::proto::h2::Role::Server),
+            super::clock::now(),
+        )
+    }
 }
 
 /// The application side of a connection running session `S`.
@@ -166,6 +180,26 @@ pub struct Conn<S, H> {
     closed: Cell<bool>,
     error: RefCell<Option<Error>>,
     cfg: DriverConfig,
+    /// Stop at the next quiescent point and hand the connection over
+    /// (see [`ConnHandle::run_detachable`]).
+    detach: Rc<Cell<bool>>,
+    /// Input already read, for a resumed connection: (raw or ciphertext,
+    /// plaintext).
+    initial_input: RefCell<Option<(BytesMut, BytesMut)>>,
+}
+
+/// A connection stopped by [`ConnHandle::run_detachable`] between two
+/// reads, with nothing in flight: everything needed to continue it
+/// elsewhere (e.g. on another core, after `io::xcore` migration).
+pub struct Detached<IO, S> {
+    /// The socket.
+    pub io: IO,
+    /// The protocol state.
+    pub session: S,
+    /// The TLS state, if any.
+    pub tls: Option<TlsLayer>,
+    /// Bytes read but not yet processed: raw (or ciphertext) and plaintext.
+    pub input: (BytesMut, BytesMut),
 }
 
 /// A cheap, clonable reference to a running connection (same core only).
@@ -221,7 +255,30 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             closed: Cell::new(false),
             error: RefCell::new(None),
             cfg,
+            detach: Rc::new(Cell::new(false)),
+            initial_input: RefCell::new(None),
         }))
+    }
+
+    /// A connection continuing a [`Detached`] one: `run` it on the socket
+    /// (re-attached on this core).
+    pub fn resume(
+        session: S,
+        tls: Option<TlsLayer>,
+        input: (BytesMut, BytesMut),
+        handler: H,
+        cfg: DriverConfig,
+    ) -> Self {
+        let h = Self::new(session, tls, handler, cfg);
+        *h.0.initial_input.borrow_mut() = Some(input);
+        h
+    }
+
+    /// The flag that asks [`ConnHandle::run_detachable`] to stop after the
+    /// input being processed now. Set it from the connection's handler
+    /// (while it handles an event), so no read is in flight.
+    pub fn detach_flag(&self) -> Rc<Cell<bool>> {
+        self.0.detach.clone()
     }
 
     /// Run `f` on the connection and its handler, then deliver the events it
@@ -264,11 +321,85 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         IO::OwnedWrite: AsyncWriteRent + 'static,
     {
         let (rd, wr) = io.into_split();
+        match self.run_halves(rd, wr).await {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => Err(Error::H2Usage(
+                "detach requested on a connection run with run()",
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Like [`ConnHandle::run`], but if the handler sets the
+    /// [`detach flag`](ConnHandle::detach_flag), the connection stops once
+    /// its pending output is written, with no read in flight, and is
+    /// returned whole instead of being closed. The handler's `on_close` is
+    /// not called then.
+    pub async fn run_detachable<IO>(self, io: IO) -> Result<Option<Detached<IO, S>>, Error>
+    where
+        IO: Split + AsyncReadRent + AsyncWriteRent + 'static,
+    {
+        let (rd, wr) = io.into_split();
+        match self.run_halves(rd, wr).await? {
+            None => Ok(None),
+            Some(Halted {
+                rd,
+                wr,
+                session,
+                tls,
+                input,
+            }) => {
+                let io = rd
+                    .reunite(wr)
+                    .map_err(|_| Error::H2Usage("socket halves do not match"))?;
+                Ok(Some(Detached {
+                    io,
+                    session,
+                    tls,
+                    input,
+                }))
+            }
+        }
+    }
+
+    async fn run_halves<R, W>(self, rd: R, wr: W) -> Result<Option<Halted<R, W, S>>, Error>
+    where
+        R: AsyncReadRent + 'static,
+        W: AsyncWriteRent + 'static,
+    {
         let conn = self.0.clone();
         let writer = monoio::spawn(async move { conn.write_loop(wr).await });
         let conn = self.0.clone();
         let timer = monoio::spawn(async move { conn.timer_loop().await });
-        let read_result = self.0.read_loop(rd).await;
+        let (read_result, rd, input) = self.0.read_loop(rd).await;
+        if read_result.is_ok() && self.0.detach.get() {
+            // Stop the writer once it has flushed, and the timer.
+            self.0.wake_writer.notify();
+            self.0.wake_timer.notify();
+            let write_result = writer.await;
+            timer.await;
+            if let (Ok(Some(wr)), Some(rd)) = (write_result, rd) {
+                let session =
+                    std::mem::replace(&mut *self.0.session.borrow_mut(), S::placeholder());
+                let tls = self.0.tls.borrow_mut().take();
+                self.0.closed.set(true);
+                return Ok(Some(Halted {
+                    rd,
+                    wr,
+                    session,
+                    tls,
+                    input,
+                }));
+            }
+            self.0
+                .finish(Some(Error::H2Usage("detach failed: the writer ended")));
+            return Err(self
+                .0
+                .error
+                .borrow_mut()
+                .take()
+                .unwrap_or(Error::ConnectionClosed));
+        }
         self.0.finish(read_result.err());
         let write_result = writer.await;
         self.0.finish(write_result.err());
@@ -283,9 +414,18 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         }
         match err {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => Ok(None),
         }
     }
+}
+
+/// What `run_halves` hands back on a detach.
+struct Halted<R, W, S> {
+    rd: R,
+    wr: W,
+    session: S,
+    tls: Option<TlsLayer>,
+    input: (BytesMut, BytesMut),
 }
 
 impl<S: Session, H: Handler<S>> Conn<S, H> {
@@ -315,14 +455,33 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         self.wake_timer.notify();
     }
 
-    async fn read_loop<R: AsyncReadRent>(&self, mut rd: R) -> Result<(), Error> {
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
-        let mut plain = BytesMut::new();
+    /// Returns the outcome and, when stopping for a detach, the read half
+    /// and the unprocessed input.
+    async fn read_loop<R: AsyncReadRent>(
+        &self,
+        rd: R,
+    ) -> (Result<(), Error>, Option<R>, (BytesMut, BytesMut)) {
+        let (mut buf, mut plain) = self
+            .initial_input
+            .borrow_mut()
+            .take()
+            .unwrap_or_else(|| (BytesMut::with_capacity(READ_CHUNK), BytesMut::new()));
+        let mut rd = Some(rd);
+        let r = self.read_inner(&mut rd, &mut buf, &mut plain).await;
+        (r, rd, (buf, plain))
+    }
+
+    async fn read_inner<R: AsyncReadRent>(
+        &self,
+        rd: &mut Option<R>,
+        buf: &mut BytesMut,
+        plain: &mut BytesMut,
+    ) -> Result<(), Error> {
         let tls = self.tls.borrow().is_some();
         loop {
             // Process what is buffered first (reading may have paused).
             if self.session.borrow().h2().wants_read() {
-                let input = if tls { &mut plain } else { &mut buf };
+                let input = if tls { &mut *plain } else { &mut *buf };
                 if !input.is_empty() {
                     let r = self
                         .session
@@ -335,7 +494,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                     r?;
                 }
             }
-            if self.closed.get() {
+            if self.closed.get() || self.detach.get() {
                 return Ok(());
             }
             if !self.session.borrow().h2().wants_read() {
@@ -344,19 +503,27 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             }
             if tls && !buf.is_empty() {
                 // Ciphertext rustls could not take yet (its buffer was full).
-                self.feed_tls(&mut buf, &mut plain)?;
+                self.feed_tls(buf, plain)?;
                 if !plain.is_empty() {
                     continue;
                 }
             }
             buf.reserve(READ_CHUNK);
             let len = buf.len();
-            let read = rd.read(buf.slice_mut(len..));
+            let Some(reader) = rd.as_mut() else {
+                return Ok(());
+            };
+            let owned = std::mem::take(buf);
+            let read = reader.read(owned.slice_mut(len..));
             let (res, slice) = match race(read, self.closing.notified()).await {
                 Either::Left(r) => r,
-                Either::Right(()) => return Ok(()),
+                Either::Right(()) => {
+                    // The read's buffer went with it; the connection is ending.
+                    *rd = None;
+                    return Ok(());
+                }
             };
-            buf = slice.into_inner();
+            *buf = slice.into_inner();
             let n = res.map_err(Error::Io)?;
             if n == 0 {
                 if let Some(t) = self.tls.borrow_mut().as_mut() {
@@ -365,7 +532,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 return Ok(());
             }
             if tls {
-                self.feed_tls(&mut buf, &mut plain)?;
+                self.feed_tls(buf, plain)?;
                 // A TLS handshake or key update may need an answer.
                 self.wake_writer.notify();
             }
@@ -396,7 +563,8 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         }
     }
 
-    async fn write_loop<W: AsyncWriteRent>(&self, mut wr: W) -> Result<(), Error> {
+    /// Returns the write half when stopping for a detach.
+    async fn write_loop<W: AsyncWriteRent>(&self, mut wr: W) -> Result<Option<W>, Error> {
         let mut plain = BytesMut::with_capacity(64 * 1024);
         let mut out = BytesMut::with_capacity(64 * 1024);
         let result = loop {
@@ -419,6 +587,9 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 std::mem::swap(&mut plain, &mut out);
             }
             if out.is_empty() {
+                if self.detach.get() && plain.is_empty() && !self.closed.get() {
+                    return Ok(Some(wr));
+                }
                 let done = self.session.borrow().h2().is_closed() || self.closed.get();
                 if done {
                     break Ok(());
@@ -454,13 +625,13 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         let _ = wr.shutdown().await;
         self.closing.notify();
         self.closed.set(true);
-        result
+        result.map(|()| None)
     }
 
     async fn timer_loop(&self) {
         let handshake_deadline = monoio::time::Instant::now() + self.cfg.handshake_timeout;
         loop {
-            if self.closed.get() {
+            if self.closed.get() || self.detach.get() {
                 return;
             }
             let handshaking = self
