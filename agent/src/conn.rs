@@ -336,7 +336,7 @@ impl Handler<Grpc> for TunnelHandler {
                     }
                 }
             }
-            GrpcEvent::Message { id, msg, flow } => {
+            GrpcEvent::Message { id, msg, flow, .. } => {
                 match Packet::decode(&msg) {
                     Ok(p) => {
                         self.tunnel.server_packet(p);

@@ -54,7 +54,7 @@ impl Handler<Grpc> for Server {
                 grpc.accept(id, &md).unwrap();
                 self.stream = Some(id);
             }
-            GrpcEvent::Message { id, msg, flow } => {
+            GrpcEvent::Message { id, msg, flow, .. } => {
                 self.got.borrow_mut().push(Packet::decode(&msg).unwrap());
                 grpc.release(id, flow);
             }

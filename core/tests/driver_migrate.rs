@@ -56,7 +56,7 @@ struct After;
 impl Handler<Grpc> for After {
     fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent) {
         match event {
-            GrpcEvent::Message { id, msg, flow } => {
+            GrpcEvent::Message { id, msg, flow, .. } => {
                 grpc.send_message(id, &msg).unwrap();
                 grpc.release(id, flow);
             }
@@ -76,7 +76,7 @@ struct Client {
 impl Handler<Grpc> for Client {
     fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent) {
         match event {
-            GrpcEvent::Message { id, msg, flow } => {
+            GrpcEvent::Message { id, msg, flow, .. } => {
                 assert_eq!(
                     u32::from_be_bytes(msg[..4].try_into().unwrap()),
                     self.got.get(),

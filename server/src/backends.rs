@@ -293,12 +293,14 @@ impl Directory {
     }
 
     /// Choose the backend for a dial to `address`; `random` seeds the start
-    /// index of the random strategies.
-    pub fn pick(&self, address: &str, random: u64) -> Option<&Entry> {
+    /// index of the random strategies, which prefer agents whose tunnel is on
+    /// core `local` (so the flow needs no migration) among the non-draining
+    /// ones.
+    pub fn pick(&self, address: &str, random: u64, local: usize) -> Option<&Entry> {
         for s in &self.strategies {
             let found = match s {
-                Strategy::Default => self.pick_random(&self.default, random),
-                Strategy::DefaultRoute => self.pick_random(&self.default_route, random),
+                Strategy::Default => self.pick_random(&self.default, random, local),
+                Strategy::DefaultRoute => self.pick_random(&self.default_route, random, local),
                 Strategy::DestHost => self.pick_dest_host(dest_host(address)),
             };
             if let Some(id) = found {
@@ -308,23 +310,30 @@ impl Directory {
         None
     }
 
-    /// Random key, first backend of it, preferring non-draining keys.
-    fn pick_random(&self, st: &Storage, random: u64) -> Option<BackendId> {
+    /// Random key, first backend of it: local and non-draining first, then
+    /// any non-draining, then draining.
+    fn pick_random(&self, st: &Storage, random: u64, local: usize) -> Option<BackendId> {
         let n = st.keys.len();
         if n == 0 {
             return None;
         }
         let start = (random % n as u64) as usize;
-        let mut draining = None;
+        let (mut remote, mut draining) = (None, None);
         for i in 0..n {
             let key = &st.keys[(start + i) % n];
             let id = *st.by_key.get(key)?.first()?;
-            if !self.entries.get(&id).is_some_and(|e| e.draining) {
+            let Some(e) = self.entries.get(&id) else {
+                continue;
+            };
+            if e.draining {
+                draining.get_or_insert(id);
+            } else if e.core == local {
                 return Some(id);
+            } else {
+                remote.get_or_insert(id);
             }
-            draining.get_or_insert(id);
         }
-        draining
+        remote.or(draining)
     }
 
     fn pick_dest_host(&self, host: &str) -> Option<BackendId> {
@@ -384,7 +393,7 @@ mod tests {
     #[test]
     fn default_prefers_non_draining_and_first_connection() {
         let mut d = Directory::new(vec![Strategy::Default]);
-        assert!(d.pick("a:1", 0).is_none());
+        assert!(d.pick("a:1", 0, 0).is_none());
         assert!(!d.is_ready());
         d.add(entry(1, "a", ""));
         d.add(entry(2, "a", "")); // a second connection of agent a
@@ -392,23 +401,42 @@ mod tests {
         assert!(d.is_ready());
         assert_eq!(d.ready_backends(Strategy::Default), 2);
         for r in 0..10 {
-            let id = d.pick("x:1", r).unwrap().id;
+            let id = d.pick("x:1", r, 0).unwrap().id;
             assert!(id == 1 || id == 3, "never the second connection of a");
         }
         d.set_draining(1);
         for r in 0..10 {
-            assert_eq!(d.pick("x:1", r).unwrap().id, 3);
+            assert_eq!(d.pick("x:1", r, 0).unwrap().id, 3);
         }
         d.set_draining(3);
         assert!(
-            d.pick("x:1", 0).is_some(),
+            d.pick("x:1", 0, 0).is_some(),
             "all draining: one is used anyway"
         );
         d.remove(1);
         d.remove(3);
-        assert_eq!(d.pick("x:1", 0).unwrap().id, 2);
+        assert_eq!(d.pick("x:1", 0, 0).unwrap().id, 2);
         d.remove(2);
         assert!(!d.is_ready());
+    }
+
+    #[test]
+    fn random_strategies_prefer_local_tunnels() {
+        let mut d = Directory::new(vec![Strategy::Default]);
+        let mut remote = entry(1, "a", "");
+        remote.core = 1;
+        d.add(remote);
+        d.add(entry(2, "b", ""));
+        for r in 0..10 {
+            assert_eq!(d.pick("x:1", r, 0).unwrap().id, 2);
+            assert_eq!(d.pick("x:1", r, 1).unwrap().id, 1);
+        }
+        d.set_draining(2);
+        assert_eq!(
+            d.pick("x:1", 0, 0).unwrap().id,
+            1,
+            "a remote agent beats a draining local one"
+        );
     }
 
     #[test]
@@ -416,21 +444,21 @@ mod tests {
         let mut d = Directory::new(vec![Strategy::DestHost, Strategy::Default]);
         d.add(entry(1, "a", "ipv4=10.0.0.5&host=node1"));
         d.add(entry(2, "b", "ipv4=10.0.0.6"));
-        assert_eq!(d.pick("10.0.0.6:10250", 0).unwrap().id, 2);
-        assert_eq!(d.pick("node1:22", 0).unwrap().id, 1);
+        assert_eq!(d.pick("10.0.0.6:10250", 0, 0).unwrap().id, 2);
+        assert_eq!(d.pick("node1:22", 0, 0).unwrap().id, 1);
         // No exact match: fall back to default.
-        assert!(d.pick("10.9.9.9:1", 0).is_some());
+        assert!(d.pick("10.9.9.9:1", 0, 0).is_some());
         let only_dest = Directory::new(vec![Strategy::DestHost]);
-        assert!(only_dest.pick("10.0.0.6:1", 0).is_none());
+        assert!(only_dest.pick("10.0.0.6:1", 0, 0).is_none());
     }
 
     #[test]
     fn default_route_only_lists_volunteers() {
         let mut d = Directory::new(vec![Strategy::DefaultRoute]);
         d.add(entry(1, "a", "ipv4=1.1.1.1"));
-        assert!(d.pick("x:1", 0).is_none());
+        assert!(d.pick("x:1", 0, 0).is_none());
         d.add(entry(2, "b", "default-route=true"));
-        assert_eq!(d.pick("x:1", 7).unwrap().id, 2);
+        assert_eq!(d.pick("x:1", 7, 0).unwrap().id, 2);
         assert_eq!(d.ready_backends(Strategy::DefaultRoute), 1);
     }
 }

@@ -153,6 +153,8 @@ pub enum Action {
 /// Router settings.
 #[derive(Clone, Debug)]
 pub struct RouterConfig {
+    /// This router's core (backend selection prefers its tunnels).
+    pub core: usize,
     /// Bound on a pending dial (konn: always on).
     pub dial_timeout: Duration,
     /// Pending dials one frontend may have.
@@ -164,6 +166,7 @@ pub struct RouterConfig {
 impl Default for RouterConfig {
     fn default() -> Self {
         Self {
+            core: 0,
             dial_timeout: Duration::from_secs(30),
             max_pending_per_frontend: 16,
             max_pending_per_backend: 4096,
@@ -724,7 +727,7 @@ impl Router {
         framed: Option<Bytes>,
     ) {
         let kind = self.frontends[&id].kind;
-        let Some(entry) = self.directory.pick(address, random) else {
+        let Some(entry) = self.directory.pick(address, random, self.cfg.core) else {
             self.actions
                 .push_back(Action::DialFailed(DialFailure::NoAgent));
             match kind {

@@ -91,6 +91,8 @@ pub trait Session {
     fn h2(&self) -> &Connection;
     /// The HTTP/2 connection underneath, mutably.
     fn h2_mut(&mut self) -> &mut Connection;
+    /// Events are waiting for [`Session::poll_event`].
+    fn has_events(&self) -> bool;
     /// An inert value left behind when the real session is moved out of a
     /// detached connection.
     fn placeholder() -> Self
@@ -121,6 +123,9 @@ impl Session for Grpc {
     fn h2_mut(&mut self) -> &mut Connection {
         self.conn_mut()
     }
+    fn has_events(&self) -> bool {
+        Self::has_events(self)
+    }
     fn placeholder() -> Self {
         Self::new(<Connection as Session>::placeholder(), 0)
     }
@@ -149,6 +154,9 @@ impl Session for Connection {
     fn h2_mut(&mut self) -> &mut Connection {
         self
     }
+    fn has_events(&self) -> bool {
+        Self::has_events(self)
+    }
     fn placeholder() -> Self {
         Self::new(
             crate::proto::h2::Config::new(crate::proto::h2::Role::Server),
@@ -161,6 +169,11 @@ impl Session for Connection {
 pub trait Handler<S: Session> {
     /// One event. May issue commands on the session directly.
     fn on_event(&mut self, session: &mut S, event: S::Event);
+
+    /// Called after every batch of events and every `ConnHandle::with`:
+    /// the place to flush work other connections queued for this one while
+    /// it was busy.
+    fn after_dispatch(&mut self, _session: &mut S) {}
 
     /// The connection is finished (for gRPC: all calls have had their
     /// `Finished` event). Called once.
@@ -436,8 +449,16 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         else {
             return; // already dispatching further up the stack
         };
-        while let Some(ev) = session.poll_event() {
-            handler.on_event(&mut session, ev);
+        loop {
+            while let Some(ev) = session.poll_event() {
+                handler.on_event(&mut session, ev);
+            }
+            handler.after_dispatch(&mut session);
+            // Flushing may have produced events (e.g. a send made a stream
+            // writable); deliver them too.
+            if !session.has_events() {
+                break;
+            }
         }
     }
 
@@ -623,8 +644,10 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             let _ = monoio::time::timeout(self.cfg.write_timeout, wr.write_all(out)).await;
         }
         let _ = wr.shutdown().await;
+        // `finish` (called by `run_halves` with this result) marks the
+        // connection closed and lets the session fail its open calls; only
+        // stop the reader here.
         self.closing.notify();
-        self.closed.set(true);
         result.map(|()| None)
     }
 

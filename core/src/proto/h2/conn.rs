@@ -515,6 +515,11 @@ impl Connection {
         self.fail(Fail::Lost, Bytes::new());
     }
 
+    /// Events are waiting for [`Connection::poll_event`].
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The next event, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
