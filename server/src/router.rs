@@ -269,6 +269,16 @@ impl Router {
         }
     }
 
+    /// The backend a frontend's latest dial went to.
+    pub fn frontend_backend(&self, id: FrontendId) -> Option<BackendId> {
+        self.frontends.get(&id).and_then(|f| f.backend)
+    }
+
+    /// Whether a frontend has dialled (or been refused) already.
+    pub fn frontend_dialled(&self, id: FrontendId) -> bool {
+        self.frontends.get(&id).is_some_and(|f| f.backend.is_some() || f.done)
+    }
+
     /// Connections open and dials pending on one backend (for
     /// `/debug/backends`).
     pub fn backend_load(&self, id: BackendId) -> (usize, usize) {

@@ -113,7 +113,7 @@ pub struct BackendRef {
     /// Frontend credit held back while congested: (outbox, stream, bytes).
     pub waiting: RefCell<Vec<(Rc<Outbox>, u32, usize)>>,
     /// Woken when the tunnel drains (CONNECT readers pause on it).
-    pub drained: Broadcast,
+    pub drained: Rc<Broadcast>,
 }
 
 /// How to reach a frontend of this core.
