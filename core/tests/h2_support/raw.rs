@@ -85,7 +85,9 @@ pub struct RawClient {
     sock: TcpStream,
     frames: Option<Receiver<RawFrame>>,
     reader: Option<JoinHandle<()>>,
-    encoder: hpack::Encoder,
+    /// The HPACK encoder of this connection (tests that hand-craft blocks
+    /// go through it so the server's table and ours stay in step).
+    pub encoder: hpack::Encoder,
     /// Bytes written so far.
     pub written: u64,
 }
@@ -113,15 +115,17 @@ impl RawClient {
         }
     }
 
-    /// Connect with a receive buffer of about `rcvbuf` bytes and never read.
+    /// Connect with receive and send buffers of about `bufs` bytes (fixed,
+    /// so the kernel cannot grow them) and never read.
     ///
     /// # Panics
     /// If the connection fails.
-    pub fn connect_silent(addr: SocketAddr, rcvbuf: usize) -> Self {
+    pub fn connect_silent(addr: SocketAddr, bufs: usize) -> Self {
         let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
             .expect("socket");
         // Before connect, so the window scale matches the small buffer.
-        sock.set_recv_buffer_size(rcvbuf).expect("SO_RCVBUF");
+        sock.set_recv_buffer_size(bufs).expect("SO_RCVBUF");
+        sock.set_send_buffer_size(bufs).expect("SO_SNDBUF");
         sock.connect(&addr.into()).expect("connect");
         sock.set_nodelay(true).expect("nodelay");
         Self {

@@ -81,6 +81,10 @@ pub struct ServerOpts {
     pub tls: Option<ServerTls>,
     /// Listen here (port 0 picks a free port).
     pub addr: SocketAddr,
+    /// Fix SO_RCVBUF and SO_SNDBUF of accepted sockets to about this many
+    /// bytes (set on the listener, inherited; turns off the kernel's
+    /// autotuning) so flood tests can bound what sits in socket buffers.
+    pub socket_buffers: Option<usize>,
 }
 
 impl ServerOpts {
@@ -95,6 +99,7 @@ impl ServerOpts {
             driver: DriverConfig::default(),
             tls: None,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            socket_buffers: None,
         }
     }
 
@@ -254,7 +259,7 @@ async fn serve(
     stop: Arc<AtomicBool>,
     addr_tx: mpsc::Sender<SocketAddr>,
 ) {
-    let listener = monoio::net::TcpListener::bind(opts.addr).expect("bind");
+    let listener = listen(&opts);
     let _ = addr_tx.send(listener.local_addr().expect("local addr"));
     while !stop.load(Ordering::SeqCst) {
         let tick = monoio::time::sleep(Duration::from_millis(10));
@@ -319,6 +324,20 @@ async fn serve(
         }
         monoio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+fn listen(opts: &ServerOpts) -> monoio::net::TcpListener {
+    let Some(size) = opts.socket_buffers else {
+        return monoio::net::TcpListener::bind(opts.addr).expect("bind");
+    };
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    sock.set_reuse_address(true).expect("SO_REUSEADDR");
+    sock.set_recv_buffer_size(size).expect("SO_RCVBUF");
+    sock.set_send_buffer_size(size).expect("SO_SNDBUF");
+    sock.bind(&opts.addr.into()).expect("bind");
+    sock.listen(128).expect("listen");
+    konn_core::io::listen::tcp_into_monoio(sock.into()).expect("monoio listener")
 }
 
 /// What both applications share: the counters and the close reports.
