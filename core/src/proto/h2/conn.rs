@@ -1105,7 +1105,7 @@ impl Connection {
                 headers,
                 end_stream,
             });
-            self.settle(id, false, Closed::Other);
+            self.settle(id, false, Closed::Ended);
             return;
         }
         self.on_later_block(now, id, end_stream, headers);
@@ -1133,7 +1133,7 @@ impl Connection {
         }
         s.close_remote();
         self.events.push_back(Event::Trailers { id, headers });
-        self.settle(id, false, Closed::Other);
+        self.settle(id, false, Closed::Ended);
     }
 
     fn on_data(&mut self, now: Instant, id: u32, end_stream: bool, data: Bytes, flow: u32) {
@@ -1206,7 +1206,7 @@ impl Connection {
             end_stream,
         });
         if end_stream {
-            self.settle(id, false, Closed::Other);
+            self.settle(id, false, Closed::Ended);
         }
     }
 
@@ -1215,6 +1215,11 @@ impl Connection {
         match self.closed.get(id) {
             Some(Closed::ResetByUs) => {} // in flight when we reset it: ignore
             Some(Closed::Other) => self.stream_error(now, id, Reason::STREAM_CLOSED),
+            // Both sides sent END_STREAM: the peer cannot have had this in
+            // flight, so it is a connection error (RFC 9113 §5.1 "closed").
+            Some(Closed::Ended) => {
+                self.protocol_error(Reason::STREAM_CLOSED, "frame after END_STREAM")
+            }
             // Below the highest id but not remembered. New HEADERS there
             // reuse an id (RFC 9113 §5.1.1: PROTOCOL_ERROR); anything else
             // is on an implicitly closed stream (§5.1: STREAM_CLOSED).
@@ -1413,7 +1418,7 @@ impl Connection {
                 });
                 self.close_stream(id, Closed::ResetByUs);
             } else {
-                self.settle(id, false, Closed::Other);
+                self.settle(id, false, Closed::Ended);
             }
         }
         true

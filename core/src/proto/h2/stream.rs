@@ -154,8 +154,12 @@ pub(crate) type StreamMap = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
 pub(crate) enum Closed {
     /// We sent RST_STREAM: frames the peer had in flight are ignored.
     ResetByUs,
-    /// Normal close or reset by the peer: further frames are STREAM_CLOSED.
+    /// Reset by the peer (or refused by its GOAWAY): further frames are a
+    /// stream error STREAM_CLOSED.
     Other,
+    /// Closed by END_STREAM in both directions: a further DATA or HEADERS
+    /// frame is a connection error STREAM_CLOSED (RFC 9113 §5.1).
+    Ended,
 }
 
 /// The most recently closed stream ids (bounded).

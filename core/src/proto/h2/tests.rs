@@ -509,6 +509,89 @@ fn data_after_end_stream_is_stream_closed() {
     assert_eq!(r.resets(), vec![(1, Reason::STREAM_CLOSED)]);
 }
 
+/// Raw server with stream 1 requested (END_STREAM) and answered
+/// (END_STREAM): closed in both directions by END_STREAM.
+fn ended_stream() -> Raw {
+    let mut r = Raw::server(server_cfg());
+    r.open(1, true).unwrap();
+    assert!(matches!(
+        r.conn.poll_event(),
+        Some(Event::Headers { id: 1, .. })
+    ));
+    r.conn
+        .send_headers(1, Headers::response(200), true)
+        .unwrap();
+    r.conn.release_stream(1);
+    r.feed().unwrap();
+    r.written();
+    assert_eq!(
+        r.conn.stats().streams,
+        0,
+        "stream 1 is closed and forgotten"
+    );
+    r
+}
+
+#[test]
+fn headers_after_end_stream_is_a_connection_error() {
+    // RFC 9113 §5.1 "closed": frames after END_STREAM in both directions
+    // are a connection error STREAM_CLOSED (h2spec http2/5.1/12).
+    let mut r = ended_stream();
+    let e = r.open(1, true);
+    assert!(
+        matches!(
+            e,
+            Err(Error::H2Local {
+                reason: Reason::STREAM_CLOSED,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(r.goaway().unwrap().0, Reason::STREAM_CLOSED);
+}
+
+#[test]
+fn data_after_end_stream_both_ways_is_a_connection_error() {
+    let mut r = ended_stream();
+    let e = r.frame(Frame::Data {
+        stream_id: 1,
+        end_stream: true,
+        data: b"test",
+        pad_len: None,
+    });
+    assert!(e.is_err(), "{e:?}");
+    assert_eq!(r.goaway().unwrap().0, Reason::STREAM_CLOSED);
+}
+
+#[test]
+fn data_after_peer_reset_is_a_stream_error() {
+    // After the peer's RST_STREAM the peer may have had nothing in flight
+    // either, but RFC 9113 §5.1 makes this a stream error only.
+    let mut r = Raw::server(server_cfg());
+    r.open(1, false).unwrap();
+    r.frame(Frame::RstStream {
+        stream_id: 1,
+        reason: Reason::CANCEL,
+    })
+    .unwrap();
+    while let Some(ev) = r.conn.poll_event() {
+        if let Event::Reset { id, .. } = ev {
+            r.conn.release_stream(id);
+        }
+    }
+    r.feed().unwrap();
+    r.written();
+    r.frame(Frame::Data {
+        stream_id: 1,
+        end_stream: false,
+        data: b"x",
+        pad_len: None,
+    })
+    .unwrap();
+    assert_eq!(r.resets(), vec![(1, Reason::STREAM_CLOSED)]);
+}
+
 #[test]
 fn lower_stream_id_is_a_protocol_error() {
     let mut r = Raw::server(server_cfg());
