@@ -50,7 +50,10 @@ impl AgentConn {
         }
         let ids: Vec<&Bytes> = metadata.get_all(b"agentid").collect();
         let [agent_id] = ids.as_slice() else {
-            let msg = format!("expected one agent ID in the context, got {}", go_slice(&ids));
+            let msg = format!(
+                "expected one agent ID in the context, got {}",
+                go_slice(&ids)
+            );
             let _ = grpc.finish(id, GrpcStatus::UNKNOWN, &msg);
             return;
         };
@@ -77,17 +80,25 @@ impl AgentConn {
         };
         let s = &self.worker.settings;
         let mut md = Headers::new();
-        md.push(Bytes::from_static(b"serverid"), Bytes::from(s.server_id.clone()));
-        md.push(Bytes::from_static(b"servercount"), Bytes::from(s.server_count.to_string()));
+        md.push(
+            Bytes::from_static(b"serverid"),
+            Bytes::from(s.server_id.clone()),
+        );
+        md.push(
+            Bytes::from_static(b"servercount"),
+            Bytes::from(s.server_count.to_string()),
+        );
         if grpc.accept(id, &md).is_err() {
             return;
         }
         let bid = self.worker.next_id();
         tracing::info!(agent_id = %agent_id, backend = bid, "agent connected");
-        self.worker
-            .router
-            .borrow_mut()
-            .backend_connected(bid, agent_id, identifiers, self.worker.index);
+        self.worker.router.borrow_mut().backend_connected(
+            bid,
+            agent_id,
+            identifiers,
+            self.worker.index,
+        );
         let entry = self.worker.router.borrow().directory().get(bid).cloned();
         self.worker.backends.borrow_mut().insert(
             bid,
@@ -108,7 +119,9 @@ impl AgentConn {
     }
 
     fn gone(&mut self, id: u32) {
-        let Some(bid) = self.streams.remove(&id) else { return };
+        let Some(bid) = self.streams.remove(&id) else {
+            return;
+        };
         tracing::info!(backend = bid, "agent disconnected");
         self.worker.router.borrow_mut().backend_gone(bid);
         self.worker.backend_drained(bid); // give back any held credit
@@ -123,24 +136,35 @@ impl AgentConn {
 impl Handler<Grpc> for AgentConn {
     fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent) {
         match event {
-            GrpcEvent::Call { id, path, metadata, .. } => self.on_call(grpc, id, &path, &metadata),
-            GrpcEvent::Message { id, msg, framed, flow } => {
+            GrpcEvent::Call {
+                id, path, metadata, ..
+            } => self.on_call(grpc, id, &path, &metadata),
+            GrpcEvent::Message {
+                id,
+                msg,
+                framed,
+                flow,
+            } => {
                 if let Some(&bid) = self.streams.get(&id) {
                     match Packet::decode(&msg) {
                         Ok(p) => {
                             let drain = matches!(p, Packet::Drain);
                             let framed = framed.unwrap_or_else(|| reframe(&msg));
-                            self.worker
-                                .router
-                                .borrow_mut()
-                                .backend_packet(konn_core::io::clock::now(), bid, p, framed);
+                            self.worker.router.borrow_mut().backend_packet(
+                                konn_core::io::clock::now(),
+                                bid,
+                                p,
+                                framed,
+                            );
                             self.worker.apply();
                             if drain {
                                 tracing::info!(backend = bid, "agent is draining");
                                 (self.announce)(Msg::BackendDraining(bid));
                             }
                         }
-                        Err(e) => tracing::debug!(error = %e, backend = bid, "ignoring an undecodable packet from an agent"),
+                        Err(e) => {
+                            tracing::debug!(error = %e, backend = bid, "ignoring an undecodable packet from an agent")
+                        }
                     }
                 }
                 // The tunnel never waits for a frontend.
@@ -214,7 +238,10 @@ pub fn unknown_method(path: &[u8], registered: &str) -> String {
 
 /// Go's `%v` of a `[]string`: `[a b]`.
 fn go_slice(v: &[&Bytes]) -> String {
-    let parts: Vec<String> = v.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+    let parts: Vec<String> = v
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
     format!("[{}]", parts.join(" "))
 }
 
@@ -228,8 +255,14 @@ mod tests {
             unknown_method(b"/ProxyService/Proxy2", "ProxyService"),
             "unknown method Proxy2 for service ProxyService"
         );
-        assert_eq!(unknown_method(b"/ProxyService/Proxy", "AgentService"), "unknown service ProxyService");
-        assert_eq!(unknown_method(b"/foo.Bar/Baz", "AgentService"), "unknown service foo.Bar");
+        assert_eq!(
+            unknown_method(b"/ProxyService/Proxy", "AgentService"),
+            "unknown service ProxyService"
+        );
+        assert_eq!(
+            unknown_method(b"/foo.Bar/Baz", "AgentService"),
+            "unknown service foo.Bar"
+        );
         let a = Bytes::from_static(b"a");
         let b = Bytes::from_static(b"b");
         assert_eq!(go_slice(&[]), "[]");

@@ -27,7 +27,9 @@ use konn_core::io::tls::{Plaintext, TlsLayer};
 use konn_frames::connect::{self as http, Limits};
 use konn_frames::packet::{self, MAX_DATA_PAYLOAD};
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, CancelableAsyncReadRent, Canceller,
+};
 use monoio::net::{TcpStream, UnixStream};
 
 use crate::backends::BackendId;
@@ -53,10 +55,35 @@ impl Sock {
         }
     }
 
-    async fn read(&mut self, buf: BytesMut, from: usize, to: usize) -> (std::io::Result<usize>, BytesMut) {
+    async fn read(
+        &mut self,
+        buf: BytesMut,
+        from: usize,
+        to: usize,
+    ) -> (std::io::Result<usize>, BytesMut) {
         let (r, slice) = match self {
             Self::Tcp(s) => s.read(buf.slice_mut(from..to)).await,
             Self::Unix(s) => s.read(buf.slice_mut(from..to)).await,
+        };
+        (r, slice.into_inner())
+    }
+
+    /// Read, unless `wake` fires first: then the read is cancelled and its
+    /// outcome still collected (a read that completed anyway keeps its
+    /// data). `None` means woken with nothing read.
+    async fn read_or_wake(
+        &mut self,
+        buf: BytesMut,
+        from: usize,
+        to: usize,
+        canceller: &mut Canceller,
+        wake: &Notify,
+    ) -> (Option<std::io::Result<usize>>, BytesMut) {
+        let handle = canceller.handle();
+        let slice = buf.slice_mut(from..to);
+        let (r, slice) = match self {
+            Self::Tcp(s) => read_racing(s.cancelable_read(slice, handle), canceller, wake).await,
+            Self::Unix(s) => read_racing(s.cancelable_read(slice, handle), canceller, wake).await,
         };
         (r, slice.into_inner())
     }
@@ -74,6 +101,29 @@ impl Sock {
             Self::Tcp(s) => s.shutdown().await,
             Self::Unix(s) => s.shutdown().await,
         };
+    }
+}
+
+async fn read_racing<T, F>(
+    read: F,
+    canceller: &mut Canceller,
+    wake: &Notify,
+) -> (Option<std::io::Result<usize>>, T)
+where
+    F: Future<Output = (std::io::Result<usize>, T)>,
+{
+    let mut read = std::pin::pin!(read);
+    match race(read.as_mut(), wake.notified()).await {
+        Either::Left((r, b)) => (Some(r), b),
+        Either::Right(()) => {
+            // Reuse the canceller's allocation for the next read.
+            *canceller = std::mem::take(canceller).cancel();
+            let (r, b) = read.await;
+            match r {
+                Ok(n) => (Some(Ok(n)), b),
+                Err(_) => (None, b), // cancelled
+            }
+        }
     }
 }
 
@@ -138,6 +188,7 @@ pub struct Wire {
     /// Plaintext decrypted but not yet consumed.
     plain: BytesMut,
     eof: bool,
+    canceller: Canceller,
 }
 
 impl Wire {
@@ -149,6 +200,7 @@ impl Wire {
             cipher: BytesMut::new(),
             plain,
             eof: false,
+            canceller: Canceller::new(),
         }
     }
 
@@ -160,29 +212,51 @@ impl Wire {
     /// Read more plaintext into `self.plain` (TLS: decrypt; answer handshake
     /// messages). Returns false at EOF.
     async fn fill(&mut self) -> Result<bool, konn_core::Error> {
-        if self.eof {
-            return Ok(false);
+        match self.fill_or_wake(None).await? {
+            Some(more) => Ok(more),
+            None => Ok(true),
         }
-        let Some(tls) = self.tls.as_mut() else {
-            let buf = std::mem::take(&mut self.plain);
-            let len = buf.len();
-            let mut buf = buf;
-            buf.reserve(16 * 1024);
-            let cap = buf.capacity();
-            let (r, buf) = self.sock.read(buf, len, cap).await;
-            self.plain = buf;
-            let n = r.map_err(konn_core::Error::Io)?;
-            self.eof = n == 0;
-            return Ok(n > 0);
+    }
+
+    /// Like `fill`, but gives up (returning `None`) when `wake` fires first.
+    async fn fill_or_wake(
+        &mut self,
+        wake: Option<&Notify>,
+    ) -> Result<Option<bool>, konn_core::Error> {
+        if self.eof {
+            return Ok(Some(false));
+        }
+        let into_plain = self.tls.is_none();
+        let mut buf = std::mem::take(if into_plain {
+            &mut self.plain
+        } else {
+            &mut self.cipher
+        });
+        let len = buf.len();
+        buf.reserve(16 * 1024);
+        let cap = buf.capacity();
+        let (r, buf) = match wake {
+            Some(w) => {
+                self.sock
+                    .read_or_wake(buf, len, cap, &mut self.canceller, w)
+                    .await
+            }
+            None => {
+                let (r, b) = self.sock.read(buf, len, cap).await;
+                (Some(r), b)
+            }
         };
-        let _ = tls;
-        let mut cipher = std::mem::take(&mut self.cipher);
-        let len = cipher.len();
-        cipher.reserve(16 * 1024);
-        let cap = cipher.capacity();
-        let (r, cipher) = self.sock.read(cipher, len, cap).await;
-        self.cipher = cipher;
+        *(if into_plain {
+            &mut self.plain
+        } else {
+            &mut self.cipher
+        }) = buf;
+        let Some(r) = r else { return Ok(None) };
         let n = r.map_err(konn_core::Error::Io)?;
+        if into_plain {
+            self.eof = n == 0;
+            return Ok(Some(n > 0));
+        }
         let tls = self.tls.as_mut().expect("checked");
         if n == 0 {
             tls.feed_eof()?;
@@ -206,16 +280,21 @@ impl Wire {
             }
         }
         self.flush_tls().await?;
-        Ok(!self.eof || !self.plain.is_empty())
+        Ok(Some(!self.eof || !self.plain.is_empty()))
     }
 
     /// Write TLS output (handshake, alerts) the layer has queued.
     async fn flush_tls(&mut self) -> Result<(), konn_core::Error> {
-        let Some(tls) = self.tls.as_mut() else { return Ok(()) };
+        let Some(tls) = self.tls.as_mut() else {
+            return Ok(());
+        };
         let mut out = BytesMut::new();
         tls.take_tls(&mut out);
         if !out.is_empty() {
-            self.sock.write_all(out.freeze()).await.map_err(konn_core::Error::Io)?;
+            self.sock
+                .write_all(out.freeze())
+                .await
+                .map_err(konn_core::Error::Io)?;
         }
         Ok(())
     }
@@ -223,11 +302,16 @@ impl Wire {
     /// Write bytes to the client.
     async fn send(&mut self, data: Bytes) -> Result<(), konn_core::Error> {
         let Some(tls) = self.tls.as_mut() else {
-            return self.sock.write_all(data).await.map_err(konn_core::Error::Io);
+            return self
+                .sock
+                .write_all(data)
+                .await
+                .map_err(konn_core::Error::Io);
         };
+        let _ = tls;
         let mut rest = &data[..];
         while !rest.is_empty() {
-            let n = tls.write_plaintext(rest)?;
+            let n = self.tls.as_mut().expect("checked").write_plaintext(rest)?;
             rest = &rest[n..];
             self.flush_tls().await?;
             if n == 0 {
@@ -275,7 +359,10 @@ pub async fn read_head(wire: &mut Wire, timeout: Duration) -> Head {
                 return Head::Connect(target);
             }
             Ok(None) => {}
-            Err(konn_frames::Error::ConnectHeadTooLarge { .. } | konn_frames::Error::ConnectTooManyHeaders { .. }) => {
+            Err(
+                konn_frames::Error::ConnectHeadTooLarge { .. }
+                | konn_frames::Error::ConnectTooManyHeaders { .. },
+            ) => {
                 let _ = wire
                     .send(Bytes::from_static(
                         b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large",
@@ -304,15 +391,24 @@ pub async fn read_head(wire: &mut Wire, timeout: Duration) -> Head {
 pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
     let fid = worker.next_id();
     let cf = Rc::new(ConnectFrontend::new());
-    worker.router.borrow_mut().frontend_opened(fid, FrontendKind::HttpConnect);
-    worker.frontends.borrow_mut().insert(fid, FrontendRef::Connect(cf.clone()));
-    bump(&worker.shared.http_connections, true);
-    let random = worker.random();
-    let dial = worker.dial_random();
     worker
         .router
         .borrow_mut()
-        .connect_request(konn_core::io::clock::now(), fid, &target, dial, random);
+        .frontend_opened(fid, FrontendKind::HttpConnect);
+    worker
+        .frontends
+        .borrow_mut()
+        .insert(fid, FrontendRef::Connect(cf.clone()));
+    bump(&worker.shared.http_connections, true);
+    let random = worker.random();
+    let dial = worker.dial_random();
+    worker.router.borrow_mut().connect_request(
+        konn_core::io::clock::now(),
+        fid,
+        &target,
+        dial,
+        random,
+    );
     worker.apply();
     relay(&worker, fid, &cf, &mut wire).await;
     // Whatever happened, the router forgets this frontend (idempotent).
@@ -324,9 +420,12 @@ pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
 }
 
 async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mut Wire) {
-    // Until the dial ends: wait for the outcome, watch for the client leaving.
+    // Until the dial ends, nothing is read (as upstream): the client's
+    // early bytes wait in the socket, and the router's dial deadline bounds
+    // the wait.
     let (backend, connect_id) = loop {
-        if let Some(resp) = cf.failure.borrow_mut().take() {
+        let failure = cf.failure.borrow_mut().take();
+        if let Some(resp) = failure {
             let _ = wire.send(resp).await;
             return;
         }
@@ -336,23 +435,16 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
         if let Some(e) = cf.established.get() {
             break e;
         }
-        // Bytes may arrive before the 200; keep them (bounded) for later.
-        let readable = async {
-            if wire.plain.len() >= MAX_DATA_PAYLOAD * 4 {
-                std::future::pending::<()>().await;
-            }
-            let _ = wire.sock.readable().await;
-        };
-        if let Either::Right(()) = race(cf.wake.notified(), readable).await
-            && !matches!(wire.fill().await, Ok(true))
-        {
-            return; // the client left before the dial ended
-        }
+        cf.wake.notified().await;
     };
-    if wire.send(Bytes::from_static(http::ESTABLISHED)).await.is_err() {
+    if wire
+        .send(Bytes::from_static(http::ESTABLISHED))
+        .await
+        .is_err()
+    {
         return;
     }
-    // Client bytes that came with or after the request head go first.
+    // Client bytes that came with the request head go first.
     while !wire.plain.is_empty() {
         let n = wire.plain.len().min(MAX_DATA_PAYLOAD);
         let chunk = wire.plain.split_to(n);
@@ -381,45 +473,57 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
         }
         // Client → agent, paused while the tunnel is congested.
         if worker.congested(backend) {
+            let drained = worker
+                .backends
+                .borrow()
+                .get(&backend)
+                .map(|b| b.drained.clone());
             let drained = async {
-                let backends = worker.backends.borrow();
-                match backends.get(&backend) {
-                    Some(b) => {
-                        let w = b.drained.wait();
-                        drop(backends);
-                        w.await;
-                    }
-                    None => {}
+                if let Some(d) = drained {
+                    d.wait().await;
                 }
             };
             race(cf.wake.notified(), drained).await;
             continue;
         }
-        if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable()).await {
-            continue;
-        }
         if wire.tls.is_none() {
-            // Plaintext: read straight into a pooled buffer after headroom.
+            // Plaintext: wait for data first (an idle connection holds no
+            // buffer), then read straight into a pooled buffer after the
+            // headroom; agent data arriving meanwhile interrupts the read.
+            if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable()).await {
+                continue;
+            }
             let mut buf = worker.pool.acquire().await;
             buf.resize(HEADROOM, 0);
-            let (r, buf) = wire.sock.read(buf, HEADROOM, HEADROOM + MAX_DATA_PAYLOAD).await;
+            let (r, buf) = wire
+                .sock
+                .read_or_wake(
+                    buf,
+                    HEADROOM,
+                    HEADROOM + MAX_DATA_PAYLOAD,
+                    &mut wire.canceller,
+                    &cf.wake,
+                )
+                .await;
             match r {
-                Ok(n) if n > 0 => send_data(worker, fid, connect_id, &[], Some((buf, n))),
-                _ => return, // client EOF or error: CLOSE_REQ via frontend_gone
+                None => continue,
+                Some(Ok(n)) if n > 0 => send_data(worker, fid, connect_id, &[], Some((buf, n))),
+                Some(_) => return, // client EOF or error: CLOSE_REQ via frontend_gone
             }
         } else {
-            match wire.fill().await {
-                Ok(true) => {
+            match wire.fill_or_wake(Some(&cf.wake)).await {
+                Ok(None) => {}
+                Ok(Some(more)) => {
                     while !wire.plain.is_empty() {
                         let n = wire.plain.len().min(MAX_DATA_PAYLOAD);
                         let chunk = wire.plain.split_to(n);
                         send_data(worker, fid, connect_id, &chunk, None);
                     }
-                    if wire.eof {
+                    if !more || wire.eof {
                         return;
                     }
                 }
-                _ => return,
+                Err(_) => return,
             }
         }
     }
@@ -428,7 +532,13 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
 /// Frame client bytes as a DATA packet and hand them to the router: either
 /// a copy of `data`, or a pooled buffer holding `n` bytes after HEADROOM
 /// (built in place, no copy).
-fn send_data(worker: &Worker, fid: FrontendId, connect_id: i64, data: &[u8], pooled: Option<(BytesMut, usize)>) {
+fn send_data(
+    worker: &Worker,
+    fid: FrontendId,
+    connect_id: i64,
+    data: &[u8],
+    pooled: Option<(BytesMut, usize)>,
+) {
     let framed = match pooled {
         Some((mut buf, n)) => {
             let hl = packet::data_header_len(connect_id, n);

@@ -41,19 +41,32 @@ pub struct FrontendConn {
     streams: HashMap<u32, FrontendId>,
     detach: Rc<Cell<bool>>,
     plan: Rc<RefCell<Option<Plan>>>,
+    /// A connection that already moved once does not move again.
+    may_move: bool,
 }
 
 impl FrontendConn {
-    /// A handler for a new connection. `detach` is the driver's detach flag,
-    /// `plan` receives the move plan when the connection must migrate.
-    pub fn new(worker: Rc<Worker>, outbox: Rc<Outbox>, detach: Rc<Cell<bool>>, plan: Rc<RefCell<Option<Plan>>>) -> Self {
+    /// A handler for a new connection; `plan` receives the move plan when
+    /// the connection must migrate.
+    pub fn new(worker: Rc<Worker>, outbox: Rc<Outbox>, plan: Rc<RefCell<Option<Plan>>>) -> Self {
         Self {
             worker,
             outbox,
             streams: HashMap::new(),
-            detach,
+            detach: Rc::new(Cell::new(false)),
             plan,
+            may_move: true,
         }
+    }
+
+    /// The driver's detach flag (`ConnHandle::detach_flag`).
+    pub fn set_detach_flag(&mut self, flag: Rc<Cell<bool>>) {
+        self.detach = flag;
+    }
+
+    /// Never move this connection (it already moved once).
+    pub fn no_more_moves(&mut self) {
+        self.may_move = false;
     }
 
     /// Take over the streams of a connection that moved here.
@@ -65,7 +78,10 @@ impl FrontendConn {
 
     fn open(&mut self, id: u32) {
         let fid = self.worker.next_id();
-        self.worker.router.borrow_mut().frontend_opened(fid, FrontendKind::Grpc);
+        self.worker
+            .router
+            .borrow_mut()
+            .frontend_opened(fid, FrontendKind::Grpc);
         self.worker.frontends.borrow_mut().insert(
             fid,
             FrontendRef::Grpc {
@@ -78,7 +94,9 @@ impl FrontendConn {
     }
 
     fn gone(&mut self, id: u32) {
-        let Some(fid) = self.streams.remove(&id) else { return };
+        let Some(fid) = self.streams.remove(&id) else {
+            return;
+        };
         self.worker.frontends.borrow_mut().remove(&fid);
         self.worker.router.borrow_mut().frontend_gone(fid);
         self.worker.apply();
@@ -88,12 +106,18 @@ impl FrontendConn {
     /// Decide whether this DIAL_REQ moves the connection; if so, record the
     /// plan and ask the driver to stop.
     fn should_move(&mut self, fid: FrontendId, address: &str, random: u64) -> bool {
-        if self.streams.len() != 1 || self.worker.router.borrow().frontend_dialled(fid) {
+        if !self.may_move
+            || self.streams.len() != 1
+            || self.worker.router.borrow().frontend_dialled(fid)
+        {
             return false;
         }
         let target = {
             let router = self.worker.router.borrow();
-            router.directory().pick(address, random, self.worker.index).map(|e| e.core)
+            router
+                .directory()
+                .pick(address, random, self.worker.index)
+                .map(|e| e.core)
         };
         match target {
             Some(t) if t != self.worker.index => {
@@ -119,14 +143,23 @@ impl Handler<Grpc> for FrontendConn {
         match event {
             GrpcEvent::Call { id, path, .. } => {
                 if path != "/ProxyService/Proxy" {
-                    let _ = grpc.finish(id, GrpcStatus::UNIMPLEMENTED, &unknown_method(&path, "ProxyService"));
+                    let _ = grpc.finish(
+                        id,
+                        GrpcStatus::UNIMPLEMENTED,
+                        &unknown_method(&path, "ProxyService"),
+                    );
                     return;
                 }
                 if grpc.accept(id, &Headers::new()).is_ok() {
                     self.open(id);
                 }
             }
-            GrpcEvent::Message { id, msg, framed, flow } => {
+            GrpcEvent::Message {
+                id,
+                msg,
+                framed,
+                flow,
+            } => {
                 let Some(&fid) = self.streams.get(&id) else {
                     grpc.release(id, flow);
                     return;
@@ -150,15 +183,23 @@ impl Handler<Grpc> for FrontendConn {
                     self.worker.router.borrow_mut().frontend_gone(fid);
                     bump(&self.worker.shared.proxy_streams, false);
                     if let Some(plan) = self.plan.borrow_mut().as_mut() {
-                        plan.stashed.push(GrpcEvent::Message { id, msg, framed, flow });
+                        plan.stashed.push(GrpcEvent::Message {
+                            id,
+                            msg,
+                            framed,
+                            flow,
+                        });
                     }
                     return;
                 }
                 let framed = framed.unwrap_or_else(|| reframe(&msg));
-                self.worker
-                    .router
-                    .borrow_mut()
-                    .frontend_packet(konn_core::io::clock::now(), fid, packet, framed, random);
+                self.worker.router.borrow_mut().frontend_packet(
+                    konn_core::io::clock::now(),
+                    fid,
+                    packet,
+                    framed,
+                    random,
+                );
                 self.worker.apply();
                 let backend = self.worker.router.borrow().frontend_backend(fid);
                 self.worker.credit(backend, &self.outbox, id, flow, grpc);
@@ -170,7 +211,9 @@ impl Handler<Grpc> for FrontendConn {
                 let _ = grpc.finish(id, GrpcStatus::OK, "");
             }
             GrpcEvent::Finished { id, .. } => self.gone(id),
-            GrpcEvent::Writable { .. } | GrpcEvent::ResponseHeaders { .. } | GrpcEvent::GoAway { .. } => {}
+            GrpcEvent::Writable { .. }
+            | GrpcEvent::ResponseHeaders { .. }
+            | GrpcEvent::GoAway { .. } => {}
         }
     }
 
@@ -184,7 +227,10 @@ impl Handler<Grpc> for FrontendConn {
             .map(|(_, fid)| *fid)
             .collect();
         for fid in stuck {
-            tracing::info!(frontend = fid, "frontend stopped reading; closing its connection");
+            tracing::info!(
+                frontend = fid,
+                "frontend stopped reading; closing its connection"
+            );
             self.worker
                 .router
                 .borrow_mut()

@@ -5,6 +5,18 @@
 //!
 //! - [`backends`]: the backend directory and the proxy strategies.
 //! - [`router`]: the per-core protocol state machine (sans-IO).
+//! - [`worker`]: one worker's state and the hand-off between connections.
+//! - [`agents`]: the agent port (`/AgentService/Connect` → backends).
+//! - [`frontend`]: gRPC frontends (`/ProxyService/Proxy` → frontends).
+//! - [`connect`]: HTTP CONNECT frontends.
+//! - [`serve`]: listeners, workers, cross-core announcements, migration.
+//! - [`settings`]: run-time settings.
 
+pub mod agents;
 pub mod backends;
+pub mod connect;
+pub mod frontend;
 pub mod router;
+pub mod serve;
+pub mod settings;
+pub mod worker;

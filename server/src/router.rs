@@ -276,7 +276,9 @@ impl Router {
 
     /// Whether a frontend has dialled (or been refused) already.
     pub fn frontend_dialled(&self, id: FrontendId) -> bool {
-        self.frontends.get(&id).is_some_and(|f| f.backend.is_some() || f.done)
+        self.frontends
+            .get(&id)
+            .is_some_and(|f| f.backend.is_some() || f.done)
     }
 
     /// Connections open and dials pending on one backend (for

@@ -52,7 +52,9 @@ pub struct Outbox {
 
 impl std::fmt::Debug for Outbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Outbox").field("items", &self.items.borrow().len()).finish()
+        f.debug_struct("Outbox")
+            .field("items", &self.items.borrow().len())
+            .finish()
     }
 }
 
@@ -173,7 +175,7 @@ pub struct Worker {
     next_id: Cell<u64>,
     rng: Cell<u64>,
     /// Settings.
-    pub settings: Rc<ServerSettings>,
+    pub settings: Arc<ServerSettings>,
     /// This core's buffers.
     pub pool: BufPool,
     /// Process-wide counters.
@@ -184,7 +186,14 @@ pub struct Worker {
 
 impl Worker {
     /// A worker's state.
-    pub fn new(index: usize, router: Router, settings: Rc<ServerSettings>, pool: BufPool, shared: Arc<Shared>, seed: u64) -> Self {
+    pub fn new(
+        index: usize,
+        router: Router,
+        settings: Arc<ServerSettings>,
+        pool: BufPool,
+        shared: Arc<Shared>,
+        seed: u64,
+    ) -> Self {
         Self {
             index,
             router: RefCell::new(router),
@@ -231,7 +240,14 @@ impl Worker {
     }
 
     /// Return a frontend's credit now, or when its backend drains.
-    pub fn credit(&self, backend: Option<BackendId>, outbox: &Rc<Outbox>, stream: u32, flow: usize, grpc: &mut Grpc) {
+    pub fn credit(
+        &self,
+        backend: Option<BackendId>,
+        outbox: &Rc<Outbox>,
+        stream: u32,
+        flow: usize,
+        grpc: &mut Grpc,
+    ) {
         if let Some(b) = backend
             && let Some(be) = self.backends.borrow().get(&b)
             && be.queued.get() >= self.settings.tunnel_high_water
@@ -246,7 +262,9 @@ impl Worker {
     pub fn backend_drained(&self, backend: BackendId) {
         let waiting = {
             let backends = self.backends.borrow();
-            let Some(b) = backends.get(&backend) else { return };
+            let Some(b) = backends.get(&backend) else {
+                return;
+            };
             b.drained.notify_all();
             std::mem::take(&mut *b.waiting.borrow_mut())
         };
@@ -273,7 +291,9 @@ impl Worker {
                 }
                 Action::ToFrontend { frontend, payload } => {
                     let target = match self.frontends.borrow().get(&frontend) {
-                        Some(FrontendRef::Grpc { outbox, stream }) => Some((outbox.clone(), *stream)),
+                        Some(FrontendRef::Grpc { outbox, stream }) => {
+                            Some((outbox.clone(), *stream))
+                        }
                         _ => None,
                     };
                     if let Some((outbox, stream)) = target {
@@ -303,7 +323,9 @@ impl Worker {
                 Action::CloseFrontend { frontend } => {
                     let f = self.frontends.borrow_mut().remove(&frontend);
                     match f {
-                        Some(FrontendRef::Grpc { outbox, stream }) => outbox.push(Out::Finish(stream, GrpcStatus::OK, "")),
+                        Some(FrontendRef::Grpc { outbox, stream }) => {
+                            outbox.push(Out::Finish(stream, GrpcStatus::OK, ""))
+                        }
                         Some(FrontendRef::Connect(cf)) => cf.close(),
                         None => {}
                     }
