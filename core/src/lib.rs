@@ -13,6 +13,7 @@
 pub mod cli;
 pub mod error;
 pub mod io;
+pub mod log;
 pub mod proto;
 
 pub use error::Error;
