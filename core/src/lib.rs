@@ -10,8 +10,10 @@
 //!
 //! Errors of every module are [`Error`].
 
+pub mod cli;
 pub mod error;
 pub mod io;
+pub mod log;
 pub mod proto;
 
 pub use error::Error;
