@@ -11,7 +11,9 @@
 //! Errors of every module are [`Error`].
 
 pub mod error;
+pub mod http1;
 pub mod io;
+pub mod metrics;
 pub mod proto;
 
 pub use error::Error;
