@@ -7,7 +7,7 @@
 //!
 //! - **Routing**: a [`Router`] maps paths to plain handlers
 //!   (`Fn(&Request) -> Response`); answers are complete bodies with
-//!   `Content-Length`. GET and HEAD only (see [`router`](self::router)).
+//!   `Content-Length`. GET and HEAD only (see [`router`]).
 //! - **Head limits**: the head may be [`Config::max_header_bytes`] plus
 //!   4096 bytes long, like Go's server (which lets `MaxHeaderBytes` plus a
 //!   4096-byte read-buffer allowance through); beyond that the answer is Go's
@@ -54,7 +54,7 @@ use self::response::ConnectionField;
 pub use self::{
     request::{Request, RequestError},
     response::Response,
-    router::{Handler, Router},
+    router::{Handler, PROFILING_UNAVAILABLE, Router, profiling_routes},
 };
 use crate::{
     Error,
@@ -63,6 +63,7 @@ use crate::{
         notify::Notify,
         runtime::{Either, StopToken, race},
     },
+    metrics::{Registry, text},
 };
 
 /// Go's `http.DefaultMaxHeaderBytes` and upstream's `MaxHeaderBytes`.
@@ -126,6 +127,17 @@ impl Config {
     pub fn head_limit(&self) -> usize {
         self.max_header_bytes.saturating_add(HEADER_SLACK)
     }
+}
+
+/// The `/metrics` answer: a scrape of `registry` as upstream's
+/// `promhttp.Handler()` gives it (text format, content type negotiated from
+/// `Accept`, scrape counted in the `promhttp_*` families). Never
+/// compressed: konn ignores `Accept-Encoding: gzip`, which HTTP allows.
+pub fn metrics_response(registry: &Registry, request: &Request<'_>) -> Response {
+    let content_type = text::negotiate_content_type(request.header("accept"));
+    Response::new(200)
+        .with_header("Content-Type", content_type)
+        .with_body(registry.scrape())
 }
 
 /// What a [`serve`] call did.

@@ -58,6 +58,7 @@ pub struct Request<'a> {
     raw_path: &'a str,
     query: Option<&'a str>,
     scheme: Option<&'a str>,
+    userinfo: Option<&'a str>,
     host: &'a str,
 }
 
@@ -114,6 +115,11 @@ impl<'a> Request<'a> {
         if host_header.is_none() && head.version_minor >= 1 {
             return Err(RequestError::MissingHost);
         }
+        // Go keeps user information apart from the host.
+        let (userinfo, authority) = match authority.map(|a| a.rsplit_once('@')) {
+            Some(Some((user, host))) => (Some(user), Some(host)),
+            _ => (None, authority),
+        };
         // Go sets r.Host from an absolute-form target, else from `Host`.
         let host = match authority {
             Some(a) if !a.is_empty() => a,
@@ -127,6 +133,7 @@ impl<'a> Request<'a> {
             raw_path,
             query,
             scheme,
+            userinfo,
             host,
         })
     }
@@ -162,6 +169,12 @@ impl<'a> Request<'a> {
     /// `GET http://host/path`).
     pub fn scheme(&self) -> Option<&'a str> {
         self.scheme
+    }
+
+    /// The user information of an absolute-form target
+    /// (`user:pass` in `GET http://user:pass@host/`).
+    pub fn userinfo(&self) -> Option<&'a str> {
+        self.userinfo
     }
 
     /// The host the request is for, as Go's `r.Host`: the authority of an
@@ -312,6 +325,8 @@ mod tests {
         );
         let req = parse(b"GET http://a.b HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         assert_eq!(req.path(), "/");
+        let req = parse(b"GET http://u:p@a.b/x HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        assert_eq!((req.userinfo(), req.host()), (Some("u:p"), "a.b"));
         let req = parse(b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         assert_eq!(req.path(), "*");
         assert_eq!(

@@ -73,6 +73,28 @@ impl Response {
         Self::text(404, "404 page not found\n").with_header("X-Content-Type-Options", "nosniff")
     }
 
+    /// A redirect as Go's `http.Redirect` writes it for a GET or HEAD
+    /// request: `Location` (non-ASCII bytes %-escaped), `Content-Type:
+    /// text/html; charset=utf-8`, and for GET the body
+    /// `<a href="{location, HTML-escaped}">{reason}</a>.\n\n`. `location`
+    /// must already be absolute or scheme-relative (Go would resolve a
+    /// relative one against the request path; konn's callers never pass
+    /// one).
+    pub fn redirect(method: &str, location: &str, status: u16) -> Self {
+        let mut response = Self::new(status)
+            .with_header("Content-Type", "text/html; charset=utf-8")
+            .with_header("Location", hex_escape_non_ascii(location));
+        if method == "GET" {
+            response.body = format!(
+                "<a href=\"{}\">{}</a>.\n\n",
+                html_escape(location),
+                reason_phrase(status)
+            )
+            .into_bytes();
+        }
+        response
+    }
+
     /// 405 for a method other than GET and HEAD on a known path.
     pub fn method_not_allowed() -> Self {
         Self::text(405, "Method Not Allowed\n")
@@ -105,6 +127,35 @@ pub fn reason_phrase(status: u16) -> &'static str {
         505 => "HTTP Version Not Supported",
         _ => "status code",
     }
+}
+
+/// Go's `htmlEscape`: `&`, `<`, `>`, `"` and `'` as entities.
+pub fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&#34;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Go's `hexEscapeNonASCII`: bytes from 0x80 up as `%XX`.
+pub fn hex_escape_non_ascii(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii() {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// What the server says about the connection after this response.
@@ -289,6 +340,25 @@ X-Evil: a  Set-Cookie: x\r\nDate: Thu, 01 Jan 1970 00:00:00 GMT\r\nContent-Lengt
             b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\n\
 X-Evil: a  Set-Cookie: x\r\nDate: D\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn redirects_like_go() {
+        let get = Response::redirect("GET", "//h:8093/metrics?a=b&c", 301);
+        assert_eq!(get.header("location"), Some("//h:8093/metrics?a=b&c"));
+        assert_eq!(get.header("content-type"), Some("text/html; charset=utf-8"));
+        assert_eq!(
+            get.body,
+            b"<a href=\"//h:8093/metrics?a=b&amp;c\">Moved Permanently</a>.\n\n"
+        );
+        let head = Response::redirect("HEAD", "/debug/pprof/", 301);
+        assert!(head.body.is_empty());
+        assert_eq!(
+            head.header("content-type"),
+            Some("text/html; charset=utf-8")
+        );
+        assert_eq!(html_escape("<a>\"'&"), "&lt;a&gt;&#34;&#39;&amp;");
+        assert_eq!(hex_escape_non_ascii("//h\u{e9}:1/"), "//h%C3%A9:1/");
     }
 
     #[test]

@@ -92,6 +92,27 @@ impl Router {
     }
 }
 
+/// The body of the 501 answer on the profiling paths.
+pub const PROFILING_UNAVAILABLE: &str = "konn does not embed Go's pprof profiler; \
+profile the process with an OS-level profiler such as perf instead\n";
+
+/// The routes upstream adds under `--enable-profiling` (Go's
+/// `net/http/pprof`), as konn answers them: `/debug/pprof` redirects to
+/// `/debug/pprof/` with 301 like upstream, and everything under
+/// `/debug/pprof/` is 501 with [`PROFILING_UNAVAILABLE`]. Go's profiles
+/// describe the Go runtime (goroutines, Go heap); konn has none, and
+/// OS-level profilers work on it unchanged.
+#[must_use]
+pub fn profiling_routes(router: Router) -> Router {
+    router
+        .route("/debug/pprof", |req| {
+            Response::redirect(req.method(), "/debug/pprof/", 301)
+        })
+        .route("/debug/pprof/", |_| {
+            Response::text(501, PROFILING_UNAVAILABLE)
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +143,24 @@ mod tests {
         assert_eq!(post.status, 405);
         assert_eq!(post.header("allow"), Some("GET, HEAD"));
         assert_eq!(get(b"POST /zz HTTP/1.1\r\nHost: h\r\n\r\n").status, 404);
+    }
+
+    #[test]
+    fn profiling_placeholders() {
+        let router = profiling_routes(Router::new());
+        let get = |raw: &[u8]| router.handle(&request(raw));
+        let moved = get(b"GET /debug/pprof HTTP/1.1\r\nHost: h\r\n\r\n");
+        assert_eq!(moved.status, 301);
+        assert_eq!(moved.header("Location"), Some("/debug/pprof/"));
+        assert_eq!(
+            moved.body,
+            b"<a href=\"/debug/pprof/\">Moved Permanently</a>.\n\n"
+        );
+        for path in ["/debug/pprof/", "/debug/pprof/profile", "/debug/pprof/heap"] {
+            let raw = format!("GET {path} HTTP/1.1\r\nHost: h\r\n\r\n");
+            let answer = get(raw.as_bytes());
+            assert_eq!(answer.status, 501, "{path}");
+            assert_eq!(answer.body, PROFILING_UNAVAILABLE.as_bytes());
+        }
     }
 }

@@ -17,9 +17,9 @@
 //! A [`RegistryBuilder`] declares families (counter, gauge, histogram with
 //! fixed buckets), each with its label names and, per label, the complete
 //! list of values. Every combination of values becomes a *series* with its
-//! own *cells* (one 64-bit cell for a counter or gauge; one per bucket plus `+Inf`
-//! plus the sum for a histogram). [`RegistryBuilder::build`] lays the cells
-//! out once and allocates:
+//! own *cells* (one 64-bit cell for a counter or gauge; one per bucket, plus
+//! `+Inf` and the sum, for a histogram). [`RegistryBuilder::build`] lays the
+//! cells out once and allocates:
 //!
 //! - one **slab** per worker: cache-line-aligned cells written by that
 //!   worker only, through a [`CoreMetrics`] handle that is `Send` but not
@@ -36,10 +36,10 @@
 //! counters and histogram buckets are sums, a gauge is the global value plus
 //! every core's signed share (so a per-core gauge is kept with
 //! `inc`/`dec`, or `set` to the core's own part). Counters are `u64`;
-//! gauges, like Go's, are `f64` (exact for counts up to 2^53). Histogram counts are
-//! derived from the bucket cells, so `_count` always equals the `+Inf`
-//! bucket; the `_sum` of a scrape that races an observation may miss that
-//! one observation.
+//! gauges, like Go's, are `f64` (exact for counts up to 2^53). Histogram
+//! counts are derived from the bucket cells, so `_count` always equals the
+//! `+Inf` bucket; the `_sum` of a scrape that races an observation may miss
+//! that one observation.
 //!
 //! Families whose label values are not known in advance (HTTP status codes
 //! and reasons of lease API calls) are *dynamic*: a small locked table on the
@@ -59,11 +59,13 @@
 //! - Numbers, escaping and the content type as described in [`text`].
 //!
 //! `go_*` metrics (Go runtime and GC statistics) have no Rust equivalent and
-//! are absent. [`RegistryBuilder::process_metrics`] adds the `process_*`
-//! families ([`process`](self::process) module docs) and
-//! [`RegistryBuilder::scrape_metrics`] the two `promhttp_*` families that
-//! upstream's `promhttp.Handler()` registers.
+//! are absent. [`RegistryBuilder::process_metrics`] adds the nine `process_*`
+//! families (read from `/proc` at each scrape, as the Go process collector
+//! does) and [`RegistryBuilder::scrape_metrics`] the two `promhttp_*`
+//! families that upstream's `promhttp.Handler()` registers. [`common`] holds
+//! what both binaries share (segments, the stream families).
 
+pub mod common;
 mod process;
 pub mod text;
 
@@ -170,6 +172,12 @@ impl Layout {
     }
 }
 
+/// The slot of an out-of-range series: no slab has such a cell or flag.
+const VOID: Slot = Slot {
+    series: u32::MAX,
+    cell: u32::MAX,
+};
+
 macro_rules! family_id {
     ($(#[$doc:meta])* $vec:ident, $(#[$idoc:meta])* $id:ident) => {
         $(#[$doc])*
@@ -188,6 +196,18 @@ macro_rules! family_id {
             /// The series of a family without labels.
             pub fn single(self) -> Option<$id> {
                 self.at(&[])
+            }
+
+            /// Like [`at`](Self::at), but infallible for hot paths: an
+            /// out-of-range index gives a void series whose updates are
+            /// ignored (typed wrappers index with enums, so this never
+            /// happens in practice).
+            #[inline]
+            pub fn series(self, idx: &[usize]) -> $id {
+                $id {
+                    family: self.0.family,
+                    slot: self.0.slot(idx).unwrap_or(VOID),
+                }
             }
 
             /// Number of series (the product of the label value counts).
@@ -937,10 +957,11 @@ impl Registry {
     /// The current count and sum of a histogram.
     pub fn histogram_value(&self, id: HistogramId) -> (u64, f64) {
         let buckets = self.inner.bounds(id.family).len() as u32;
+        let cell = id.slot.cell;
         let count = (0..=buckets).fold(0u64, |acc, b| {
-            acc.wrapping_add(self.inner.sum_u64(id.slot.cell + b))
+            acc.wrapping_add(self.inner.sum_u64(cell.saturating_add(b)))
         });
-        (count, self.inner.sum_f64(id.slot.cell + buckets + 1))
+        (count, self.inner.sum_f64(cell.saturating_add(buckets + 1)))
     }
 
     /// Appends the text exposition of every family to `out`.
@@ -1306,8 +1327,8 @@ impl LocalHistogram<'_> {
     #[inline]
     pub fn observe(self, v: f64) {
         let i = bucket_index(self.bounds, v) as u32;
-        self.slab.local_add(self.slot.cell + i, 1);
-        let sum = self.slot.cell + self.bounds.len() as u32 + 1;
+        self.slab.local_add(self.slot.cell.saturating_add(i), 1);
+        let sum = self.slot.cell.saturating_add(self.bounds.len() as u32 + 1);
         if let Some(c) = self.slab.cell(sum) {
             c.store((f64::from_bits(c.load(Relaxed)) + v).to_bits(), Relaxed);
         }
@@ -1410,10 +1431,10 @@ impl SharedHistogram<'_> {
     /// Records one observation.
     pub fn observe(self, v: f64) {
         let i = bucket_index(self.bounds, v) as u32;
-        if let Some(c) = self.slab.cell(self.slot.cell + i) {
+        if let Some(c) = self.slab.cell(self.slot.cell.saturating_add(i)) {
             c.fetch_add(1, Relaxed);
         }
-        let sum = self.slot.cell + self.bounds.len() as u32 + 1;
+        let sum = self.slot.cell.saturating_add(self.bounds.len() as u32 + 1);
         if let Some(c) = self.slab.cell(sum) {
             let _ = c.fetch_update(Relaxed, Relaxed, |bits| {
                 Some((f64::from_bits(bits) + v).to_bits())
@@ -1465,6 +1486,24 @@ mod tests {
         // 2 bounds + Inf + sum = 4 cells.
         let hid = h.single().unwrap();
         assert_eq!((hid.slot.series, hid.slot.cell), (7, 7));
+    }
+
+    #[test]
+    fn void_series_ignore_updates() {
+        let (reg, c, g, h) = small();
+        let core = reg.claim(0).unwrap();
+        let void = c.series(&[9, 9]);
+        core.counter(void).inc();
+        core.counter(void).add(0);
+        reg.counter(void).inc();
+        core.gauge(g.series(&[1])).inc();
+        let hv = h.series(&[0]);
+        core.histogram(hv).observe(1.0);
+        reg.histogram(hv).observe(1.0);
+        assert_eq!(reg.histogram_value(hv), (0, 0.0));
+        assert_eq!(reg.counter_value(void), 0);
+        assert_eq!(reg.render_to_string(), "");
+        assert_eq!(c.series(&[1, 1]), c.at(&[1, 1]).unwrap());
     }
 
     #[test]

@@ -137,7 +137,7 @@ fn break_tie_to_even(v: f64, digits: &mut StackStr, exp: i32) -> i32 {
     let Some(&last) = digits.as_bytes().last() else {
         return exp;
     };
-    if (last - b'0') % 2 == 0 {
+    if (last - b'0').is_multiple_of(2) {
         // Already even: Go's choice whenever there is a tie.
         return exp;
     }
@@ -172,7 +172,7 @@ fn break_tie_to_even(v: f64, digits: &mut StackStr, exp: i32) -> i32 {
     let Some(&low_last) = low.last() else {
         return exp;
     };
-    if (low_last - b'0') % 2 != 0 || low == digits.as_bytes() {
+    if !(low_last - b'0').is_multiple_of(2) || low == digits.as_bytes() {
         return exp;
     }
     // Take `low` only if it reads back as `v`.
@@ -372,8 +372,8 @@ mod tests {
             (999_999.0, "999999"),
             // Exactly halfway between two 16-digit candidates: Go rounds
             // to even where Rust's `{:e}` rounds up.
-            (685_843_179_473_154.25, "6.858431794731542e+14"),
-            (685_843_179_473_154.75, "6.858431794731548e+14"),
+            (685_843_179_473_154.0 + 0.25, "6.858431794731542e+14"),
+            (685_843_179_473_154.0 + 0.75, "6.858431794731548e+14"),
         ];
         for &(v, want) in cases {
             assert_eq!(format_f64(v), want, "{v:?}");
