@@ -12,8 +12,10 @@
 
 pub mod cli;
 pub mod error;
+pub mod http1;
 pub mod io;
 pub mod log;
+pub mod metrics;
 pub mod proto;
 
 pub use error::Error;

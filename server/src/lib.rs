@@ -4,4 +4,6 @@
 //! `main.rs` only parses flags, sets up logging and starts it.
 //! Being built (issue "proxy-server"); modules are added as they land.
 
+pub mod health;
+pub mod metrics;
 pub mod options;
