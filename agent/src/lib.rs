@@ -3,10 +3,15 @@
 //! Everything `proxy-agent` does lives here so tests can drive it in-process;
 //! `main.rs` only parses flags, sets up logging and starts it.
 //!
+//! - [`options`]: the command line (every upstream v0.36 flag, konn's own).
 //! - [`tunnel`]: the per-tunnel protocol state machine (sans-IO).
 //! - [`conn`]: one tunnel on a socket, with the endpoints it relays.
 //! - [`client`]: opening a tunnel (dial, TLS, HTTP/2, the Connect call).
+//! - [`metrics`], [`health`]: upstream's metrics and endpoints.
 
 pub mod client;
 pub mod conn;
+pub mod health;
+pub mod metrics;
+pub mod options;
 pub mod tunnel;

@@ -10,8 +10,12 @@
 //!
 //! Errors of every module are [`Error`].
 
+pub mod cli;
 pub mod error;
+pub mod http1;
 pub mod io;
+pub mod log;
+pub mod metrics;
 pub mod proto;
 
 pub use error::Error;

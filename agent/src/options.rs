@@ -1,0 +1,911 @@
+//! proxy-agent's command line: every flag of upstream proxy-agent v0.36.0
+//! (same names, types, defaults and validation), klog's flags, and konn's
+//! own flags in a separate `--help` section.
+//!
+//! Flow, as in upstream's `main.go` and `Run`:
+//! 1. [`command`] builds the [`Command`]; `--agent-id` defaults to
+//!    `$PROXY_AGENT_ID`, else a random UUID.
+//! 2. The binary parses the arguments and sets up logging from the klog
+//!    flags.
+//! 3. [`AgentFlags::from_flags`] reads the raw values (upstream's
+//!    `GrpcProxyAgentOptions`); [`AgentFlags::validate`] applies upstream's
+//!    `Validate()` rules in upstream's order and returns the typed
+//!    [`AgentOptions`].
+//! 4. [`AgentOptions::unsupported_features`] lists what konn cannot do yet
+//!    (`--count-server-leases` needs the Kubernetes Lease API); the binary
+//!    refuses to start when it is not empty.
+//!
+//! Deliberate differences, all documented in `docs/FLAGS.md`:
+//! - Ports above 65535 are refused (upstream accepts any positive `int` and
+//!   fails later, or keeps running without that listener).
+//! - `--sync-interval` and `--probe-interval` must be greater than 0 and
+//!   `--sync-interval-cap` and `--keepalive-time` must not be negative
+//!   (upstream would spin or hand grpc-go a negative time).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use konn_core::cli::engine::{EngineError, EngineFlags};
+use konn_core::cli::{Command, FlagSet, GoDuration, random_uuid};
+use konn_core::log::LogConfig;
+
+/// The program name shown in `--help`.
+pub const PROGRAM: &str = "proxy-agent";
+
+/// The description at the top of `--help`.
+pub const ABOUT: &str = "konn proxy-agent: a drop-in replacement for the Konnectivity proxy-agent. \
+It connects to the proxy-servers and dials the destinations they ask for on this side of the network.";
+
+/// Environment variable that supplies `--agent-id`'s default.
+pub const AGENT_ID_ENV: &str = "PROXY_AGENT_ID";
+
+/// Identifier types the agent may announce (`--agent-identifiers` keys).
+pub const IDENTIFIER_TYPES: [&str; 5] = ["ipv4", "ipv6", "host", "cidr", "default-route"];
+
+/// Go's `net/url` limit on query parameters (`urlmaxqueryparams`).
+const MAX_QUERY_PARAMS: usize = 10_000;
+
+/// Builds proxy-agent's command line, reading `PROXY_AGENT_ID` from the
+/// process environment.
+pub fn command() -> Command {
+    command_with_env(|k| std::env::var(k).ok())
+}
+
+/// Builds proxy-agent's command line with `env` as the environment.
+pub fn command_with_env(env: impl Fn(&str) -> Option<String>) -> Command {
+    let mut cmd = Command::new(PROGRAM, ABOUT);
+    let flags = cmd.flags_mut();
+    AgentFlags::defaults(&env).register(flags);
+    LogConfig::register(flags);
+    EngineFlags::register(flags);
+    cmd
+}
+
+/// The raw flag values, one field per upstream flag (upstream's
+/// `GrpcProxyAgentOptions`), Go-typed until
+/// [`validate`](Self::validate) checks them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentFlags {
+    /// `--agent-cert`.
+    pub agent_cert: String,
+    /// `--agent-key`.
+    pub agent_key: String,
+    /// `--ca-cert`.
+    pub ca_cert: String,
+    /// `--proxy-server-host`.
+    pub proxy_server_host: String,
+    /// `--proxy-server-port`.
+    pub proxy_server_port: i64,
+    /// `--alpn-proto`.
+    pub alpn_protos: Vec<String>,
+    /// `--health-server-host`.
+    pub health_server_host: String,
+    /// `--health-server-port`.
+    pub health_server_port: i64,
+    /// `--admin-server-port`.
+    pub admin_server_port: i64,
+    /// `--admin-bind-address`.
+    pub admin_bind_address: String,
+    /// `--enable-profiling`.
+    pub enable_profiling: bool,
+    /// `--enable-contention-profiling`.
+    pub enable_contention_profiling: bool,
+    /// `--agent-id`.
+    pub agent_id: String,
+    /// `--agent-identifiers`.
+    pub agent_identifiers: String,
+    /// `--sync-interval`.
+    pub sync_interval: GoDuration,
+    /// `--probe-interval`.
+    pub probe_interval: GoDuration,
+    /// `--sync-interval-cap`.
+    pub sync_interval_cap: GoDuration,
+    /// `--keepalive-time`.
+    pub keepalive_time: GoDuration,
+    /// `--service-account-token-path`.
+    pub service_account_token_path: String,
+    /// `--warn-on-channel-limit`.
+    pub warn_on_channel_limit: bool,
+    /// `--sync-forever`.
+    pub sync_forever: bool,
+    /// `--xfr-channel-size`.
+    pub xfr_channel_size: i64,
+    /// `--count-server-leases`.
+    pub count_server_leases: bool,
+    /// `--lease-namespace`.
+    pub lease_namespace: String,
+    /// `--lease-label`.
+    pub lease_label: String,
+    /// `--server-count-source`.
+    pub server_count_source: String,
+    /// `--kubeconfig`.
+    pub kubeconfig: String,
+    /// `--kube-api-content-type`.
+    pub kube_api_content_type: String,
+}
+
+impl AgentFlags {
+    /// Upstream's defaults (`NewGrpcProxyAgentOptions`). `--agent-id` comes
+    /// from `env("PROXY_AGENT_ID")` when set and non-empty, else a random
+    /// UUID.
+    pub fn defaults(env: &dyn Fn(&str) -> Option<String>) -> Self {
+        let agent_id = env(AGENT_ID_ENV)
+            .filter(|id| !id.is_empty())
+            .or_else(random_uuid)
+            .unwrap_or_else(|| format!("konn-{}", std::process::id()));
+        Self {
+            agent_cert: String::new(),
+            agent_key: String::new(),
+            ca_cert: String::new(),
+            proxy_server_host: "127.0.0.1".to_owned(),
+            proxy_server_port: 8091,
+            alpn_protos: Vec::new(),
+            health_server_host: String::new(),
+            health_server_port: 8093,
+            admin_server_port: 8094,
+            admin_bind_address: "127.0.0.1".to_owned(),
+            enable_profiling: false,
+            enable_contention_profiling: false,
+            agent_id,
+            agent_identifiers: String::new(),
+            sync_interval: GoDuration::from_secs(1),
+            probe_interval: GoDuration::from_secs(1),
+            sync_interval_cap: GoDuration::from_secs(10),
+            keepalive_time: GoDuration::from_secs(3600),
+            service_account_token_path: String::new(),
+            warn_on_channel_limit: false,
+            sync_forever: false,
+            xfr_channel_size: 150,
+            count_server_leases: false,
+            lease_namespace: "kube-system".to_owned(),
+            lease_label: "k8s-app=konnectivity-server".to_owned(),
+            server_count_source: "default".to_owned(),
+            kubeconfig: String::new(),
+            kube_api_content_type: "application/vnd.kubernetes.protobuf".to_owned(),
+        }
+    }
+
+    /// Registers upstream's flags with `self`'s values as defaults.
+    pub fn register(&self, f: &mut FlagSet) {
+        f.add_string(
+            "agent-cert",
+            &self.agent_cert,
+            "Client certificate (PEM) the agent presents to proxy-servers (mTLS). Needs \
+             --agent-key.",
+        );
+        f.add_string(
+            "agent-key",
+            &self.agent_key,
+            "Private key (PEM) of --agent-cert.",
+        );
+        f.add_string(
+            "ca-cert",
+            &self.ca_cert,
+            "CA bundle (PEM) that proxy-servers' certificates must chain to.",
+        );
+        f.add_string(
+            "proxy-server-host",
+            &self.proxy_server_host,
+            "Host name or address of the proxy-server (or its load balancer); also the TLS server \
+             name when --agent-cert is set.",
+        );
+        f.add_int(
+            "proxy-server-port",
+            self.proxy_server_port,
+            "Agent port of the proxy-server.",
+        );
+        let alpn: Vec<&str> = self.alpn_protos.iter().map(String::as_str).collect();
+        f.add_string_slice(
+            "alpn-proto",
+            &alpn,
+            "Comma-separated ALPN protocols offered before h2 when connecting, to tell proxy \
+             traffic apart from apiserver traffic on a shared address.",
+        );
+        f.add_string(
+            "health-server-host",
+            &self.health_server_host,
+            "Address the health server binds to (no port). Empty: all interfaces.",
+        );
+        f.add_int(
+            "health-server-port",
+            self.health_server_port,
+            "Port of the health server (/healthz, /readyz, /metrics).",
+        );
+        f.add_int(
+            "admin-server-port",
+            self.admin_server_port,
+            "Port of the admin server (/metrics redirects to the health port).",
+        );
+        f.add_string(
+            "admin-bind-address",
+            &self.admin_bind_address,
+            "Address the admin server binds to.",
+        );
+        f.add_bool(
+            "enable-profiling",
+            self.enable_profiling,
+            "Serve Go pprof on the admin port (upstream; konn has no pprof and logs a warning).",
+        );
+        f.add_bool(
+            "enable-contention-profiling",
+            self.enable_contention_profiling,
+            "Enable lock contention profiling (upstream; requires --enable-profiling).",
+        );
+        f.add_string(
+            "agent-id",
+            &self.agent_id,
+            "This agent's ID, sent to proxy-servers. Defaults to $PROXY_AGENT_ID, else a random \
+             UUID; the flag wins over the variable.",
+        );
+        f.add_duration(
+            "sync-interval",
+            self.sync_interval,
+            "How often the agent checks that it holds a tunnel to every proxy-server (first and \
+             steady interval).",
+        );
+        f.add_duration(
+            "probe-interval",
+            self.probe_interval,
+            "How often the agent checks that its tunnels are still ready.",
+        );
+        f.add_duration(
+            "sync-interval-cap",
+            self.sync_interval_cap,
+            "Longest interval --sync-interval backs off to while proxy-servers cannot be reached.",
+        );
+        f.add_duration(
+            "keepalive-time",
+            self.keepalive_time,
+            "Idle time after which the agent pings a tunnel's connection. Below 30s upstream \
+             servers answer with GOAWAY too_many_pings.",
+        );
+        f.add_string(
+            "service-account-token-path",
+            &self.service_account_token_path,
+            "File with a ServiceAccount token sent to proxy-servers as a bearer token (read again \
+             on every connect).",
+        );
+        f.add_string(
+            "agent-identifiers",
+            &self.agent_identifiers,
+            "URL-encoded identifiers proxy-servers use to pick this agent, e.g. \
+             host=node1&ipv4=10.0.0.5&cidr=10.0.0.0/24&default-route=true. Keys: ipv4, ipv6, host, \
+             cidr, default-route.",
+        );
+        f.add_bool(
+            "warn-on-channel-limit",
+            self.warn_on_channel_limit,
+            "Log a warning when a connection's transfer queue is full.",
+        );
+        f.add_bool(
+            "sync-forever",
+            self.sync_forever,
+            "Keep syncing after reaching the server count, to notice new proxy-servers.",
+        );
+        f.add_int(
+            "xfr-channel-size",
+            self.xfr_channel_size,
+            "Upstream: capacity of the per-connection packet channels, in packets; must be > 0. \
+             konn bounds queues by --conn-queue-size and uses this only for its check.",
+        );
+        f.add_bool(
+            "count-server-leases",
+            self.count_server_leases,
+            "Learn the number of proxy-servers from their Leases (needs the Kubernetes API).",
+        );
+        f.add_string(
+            "lease-namespace",
+            &self.lease_namespace,
+            "Namespace of the proxy-server Leases.",
+        );
+        f.add_string(
+            "lease-label",
+            &self.lease_label,
+            "Label selector of the proxy-server Leases, k=v[,k=v...].",
+        );
+        f.add_string(
+            "server-count-source",
+            &self.server_count_source,
+            "How the server count is decided: 'default' (leases when counted, else what servers \
+             report) or 'max' (the larger of the two).",
+        );
+        f.add_string(
+            "kubeconfig",
+            &self.kubeconfig,
+            "kubeconfig for the Kubernetes API client (lease counting). Empty: in-cluster \
+             configuration.",
+        );
+        f.add_string(
+            "kube-api-content-type",
+            &self.kube_api_content_type,
+            "Content type of requests to the Kubernetes API.",
+        );
+    }
+
+    /// Reads the values registered by [`register`](Self::register).
+    pub fn from_flags(f: &FlagSet) -> Self {
+        Self {
+            agent_cert: f.get_string("agent-cert"),
+            agent_key: f.get_string("agent-key"),
+            ca_cert: f.get_string("ca-cert"),
+            proxy_server_host: f.get_string("proxy-server-host"),
+            proxy_server_port: f.get_int("proxy-server-port"),
+            alpn_protos: f.get_string_slice("alpn-proto"),
+            health_server_host: f.get_string("health-server-host"),
+            health_server_port: f.get_int("health-server-port"),
+            admin_server_port: f.get_int("admin-server-port"),
+            admin_bind_address: f.get_string("admin-bind-address"),
+            enable_profiling: f.get_bool("enable-profiling"),
+            enable_contention_profiling: f.get_bool("enable-contention-profiling"),
+            agent_id: f.get_string("agent-id"),
+            agent_identifiers: f.get_string("agent-identifiers"),
+            sync_interval: f.get_duration("sync-interval"),
+            probe_interval: f.get_duration("probe-interval"),
+            sync_interval_cap: f.get_duration("sync-interval-cap"),
+            keepalive_time: f.get_duration("keepalive-time"),
+            service_account_token_path: f.get_string("service-account-token-path"),
+            warn_on_channel_limit: f.get_bool("warn-on-channel-limit"),
+            sync_forever: f.get_bool("sync-forever"),
+            xfr_channel_size: f.get_int("xfr-channel-size"),
+            count_server_leases: f.get_bool("count-server-leases"),
+            lease_namespace: f.get_string("lease-namespace"),
+            lease_label: f.get_string("lease-label"),
+            server_count_source: f.get_string("server-count-source"),
+            kubeconfig: f.get_string("kubeconfig"),
+            kube_api_content_type: f.get_string("kube-api-content-type"),
+        }
+    }
+
+    /// Upstream's `Validate()`, in its order, then konn's own checks; on
+    /// success the typed options.
+    ///
+    /// # Errors
+    ///
+    /// The first rule broken.
+    pub fn validate(&self, engine: EngineFlags) -> Result<AgentOptions, OptionsError> {
+        check_pair(
+            ("agent-key", &self.agent_key),
+            ("agent-cert", &self.agent_cert),
+        )?;
+        check_pair(
+            ("agent-cert", &self.agent_cert),
+            ("agent-key", &self.agent_key),
+        )?;
+        check_exists("ca-cert", &self.ca_cert)?;
+        for (flag, port) in [
+            ("proxy-server-port", self.proxy_server_port),
+            ("health-server-port", self.health_server_port),
+            ("admin-server-port", self.admin_server_port),
+        ] {
+            if port <= 0 {
+                return Err(OptionsError::PortNotPositive { flag, port });
+            }
+        }
+        if self.xfr_channel_size <= 0 {
+            return Err(OptionsError::ChannelSize(self.xfr_channel_size));
+        }
+        if self.enable_contention_profiling && !self.enable_profiling {
+            return Err(OptionsError::ContentionWithoutProfiling);
+        }
+        if self.sync_interval > self.sync_interval_cap {
+            return Err(OptionsError::SyncIntervalAboveCap {
+                interval: self.sync_interval,
+                cap: self.sync_interval_cap,
+            });
+        }
+        check_exists(
+            "service-account-token-path",
+            &self.service_account_token_path,
+        )?;
+        parse_agent_identifiers(&self.agent_identifiers)?;
+        check_exists("kubeconfig", &self.kubeconfig)?;
+        let lease_selector = if self.count_server_leases {
+            Some(parse_labels("lease-label", &self.lease_label)?)
+        } else {
+            None
+        };
+        let server_count_source = match self.server_count_source.as_str() {
+            "" | "default" => ServerCountSource::Default,
+            "max" => ServerCountSource::Max,
+            other => return Err(OptionsError::ServerCountSource(other.to_owned())),
+        };
+
+        // konn's own checks.
+        let proxy_server_port = port_u16("proxy-server-port", self.proxy_server_port)?;
+        let health_port = port_u16("health-server-port", self.health_server_port)?;
+        let admin_port = port_u16("admin-server-port", self.admin_server_port)?;
+        let sync_interval = positive("sync-interval", self.sync_interval)?;
+        let probe_interval = positive("probe-interval", self.probe_interval)?;
+        let sync_interval_cap = non_negative("sync-interval-cap", self.sync_interval_cap)?;
+        let keepalive_time = non_negative("keepalive-time", self.keepalive_time)?;
+
+        let mut warnings = Vec::new();
+        if self.enable_profiling {
+            warnings.push(
+                "--enable-profiling: konn has no Go pprof endpoints; the admin port serves the /metrics redirect only"
+                    .to_owned(),
+            );
+        }
+        if !keepalive_time.is_zero() && keepalive_time < Duration::from_secs(30) {
+            warnings.push(format!(
+                "--keepalive-time={} is below the 30s upstream proxy-servers allow; they will close the tunnel (GOAWAY too_many_pings)",
+                self.keepalive_time
+            ));
+        }
+
+        let client_cert = (!self.agent_cert.is_empty()).then(|| ClientCert {
+            cert: PathBuf::from(&self.agent_cert),
+            key: PathBuf::from(&self.agent_key),
+        });
+        Ok(AgentOptions {
+            proxy_server_host: self.proxy_server_host.clone(),
+            proxy_server_port,
+            alpn_protos: self.alpn_protos.clone(),
+            keepalive_time,
+            ca_cert: non_empty_path(&self.ca_cert),
+            client_cert,
+            service_account_token_path: non_empty_path(&self.service_account_token_path),
+            agent_id: self.agent_id.clone(),
+            agent_identifiers: self.agent_identifiers.clone(),
+            sync_interval,
+            sync_interval_cap,
+            probe_interval,
+            sync_forever: self.sync_forever,
+            server_count_source,
+            lease_counting: lease_selector.map(|selector| LeaseCounting {
+                namespace: self.lease_namespace.clone(),
+                selector,
+            }),
+            kubeconfig: non_empty_path(&self.kubeconfig),
+            kube_api_content_type: self.kube_api_content_type.clone(),
+            health: Listener {
+                bind_address: self.health_server_host.clone(),
+                port: health_port,
+            },
+            admin: Listener {
+                bind_address: self.admin_bind_address.clone(),
+                port: admin_port,
+            },
+            enable_profiling: self.enable_profiling,
+            enable_contention_profiling: self.enable_contention_profiling,
+            xfr_channel_size: usize::try_from(self.xfr_channel_size).unwrap_or(usize::MAX),
+            warn_on_channel_limit: self.warn_on_channel_limit,
+            engine,
+            warnings,
+        })
+    }
+}
+
+/// How the agent decides how many proxy-servers to connect to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerCountSource {
+    /// Leases when `--count-server-leases`, else the count servers report.
+    Default,
+    /// The larger of the two.
+    Max,
+}
+
+/// `--agent-cert` and `--agent-key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// Certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Lease counting (`--count-server-leases`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseCounting {
+    /// `--lease-namespace`.
+    pub namespace: String,
+    /// `--lease-label`, parsed.
+    pub selector: BTreeMap<String, String>,
+}
+
+/// An HTTP listener (health, admin).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// Bind address; empty: all interfaces.
+    pub bind_address: String,
+    /// Port.
+    pub port: u16,
+}
+
+/// A feature konn accepts on the command line but cannot run yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unsupported {
+    /// The flags that ask for it.
+    pub flags: &'static str,
+    /// What to tell the operator.
+    pub message: &'static str,
+}
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message)
+    }
+}
+
+/// proxy-agent's validated, typed options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentOptions {
+    /// `--proxy-server-host`.
+    pub proxy_server_host: String,
+    /// `--proxy-server-port`.
+    pub proxy_server_port: u16,
+    /// `--alpn-proto`, offered before `h2`. Exactly pflag's list: a
+    /// manifest that passes the rendered default `--alpn-proto=[]` gets the
+    /// one protocol `[]`, as upstream does.
+    pub alpn_protos: Vec<String>,
+    /// `--keepalive-time`; zero: no keepalive pings (grpc-go's default).
+    pub keepalive_time: Duration,
+    /// `--ca-cert` (upstream cannot connect without it).
+    pub ca_cert: Option<PathBuf>,
+    /// `--agent-cert` and `--agent-key` (both or neither).
+    pub client_cert: Option<ClientCert>,
+    /// `--service-account-token-path` (the file exists; read on every
+    /// connect, never logged).
+    pub service_account_token_path: Option<PathBuf>,
+    /// `--agent-id`.
+    pub agent_id: String,
+    /// `--agent-identifiers`, URL-encoded as given (keys checked); sent to
+    /// servers verbatim.
+    pub agent_identifiers: String,
+    /// `--sync-interval` (> 0, ≤ the cap).
+    pub sync_interval: Duration,
+    /// `--sync-interval-cap`.
+    pub sync_interval_cap: Duration,
+    /// `--probe-interval` (> 0).
+    pub probe_interval: Duration,
+    /// `--sync-forever`.
+    pub sync_forever: bool,
+    /// `--server-count-source`.
+    pub server_count_source: ServerCountSource,
+    /// Lease counting, when enabled.
+    pub lease_counting: Option<LeaseCounting>,
+    /// `--kubeconfig`; `None`: in-cluster configuration.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--kube-api-content-type`.
+    pub kube_api_content_type: String,
+    /// The health server.
+    pub health: Listener,
+    /// The admin server.
+    pub admin: Listener,
+    /// `--enable-profiling` (konn has no pprof).
+    pub enable_profiling: bool,
+    /// `--enable-contention-profiling` (konn has no pprof).
+    pub enable_contention_profiling: bool,
+    /// `--xfr-channel-size` (> 0).
+    pub xfr_channel_size: usize,
+    /// `--warn-on-channel-limit`.
+    pub warn_on_channel_limit: bool,
+    /// konn's engine flags.
+    pub engine: EngineFlags,
+    /// Things accepted with a caveat; the binary logs each as a warning.
+    pub warnings: Vec<String>,
+}
+
+impl AgentOptions {
+    /// Reads and validates every flag of a parsed [`command`].
+    ///
+    /// # Errors
+    ///
+    /// The first invalid value.
+    pub fn from_flags(flags: &FlagSet) -> Result<Self, OptionsError> {
+        let engine = EngineFlags::from_flags(flags).map_err(OptionsError::Engine)?;
+        AgentFlags::from_flags(flags).validate(engine)
+    }
+
+    /// Features requested by the flags that konn does not implement yet;
+    /// the binary refuses to start when this is not empty.
+    pub fn unsupported_features(&self) -> Vec<Unsupported> {
+        let mut out = Vec::new();
+        if self.lease_counting.is_some() {
+            out.push(Unsupported {
+                flags: "--count-server-leases",
+                message: "counting proxy-servers by their Leases (--count-server-leases) is not supported yet by konn; \
+                          it needs the Kubernetes Lease API. The agent learns the server count from the servers without it.",
+            });
+        }
+        out
+    }
+}
+
+/// A proxy-agent flag value that upstream (or konn) refuses.
+#[derive(Debug)]
+pub enum OptionsError {
+    /// A file flag names a path that does not exist.
+    FileMissing {
+        /// The flag.
+        flag: &'static str,
+        /// The path given.
+        path: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// One of `--agent-cert`/`--agent-key` is set, the other is not.
+    IncompletePair {
+        /// The flag that is set.
+        set: &'static str,
+        /// Its value.
+        value: String,
+        /// The flag that is missing.
+        missing: &'static str,
+    },
+    /// A port ≤ 0.
+    PortNotPositive {
+        /// The flag.
+        flag: &'static str,
+        /// The value.
+        port: i64,
+    },
+    /// A port above 65535 (konn's check).
+    PortTooLarge {
+        /// The flag.
+        flag: &'static str,
+        /// The value.
+        port: i64,
+    },
+    /// `--xfr-channel-size` ≤ 0.
+    ChannelSize(i64),
+    /// `--enable-contention-profiling` without `--enable-profiling`.
+    ContentionWithoutProfiling,
+    /// `--sync-interval` above `--sync-interval-cap`.
+    SyncIntervalAboveCap {
+        /// `--sync-interval`.
+        interval: GoDuration,
+        /// `--sync-interval-cap`.
+        cap: GoDuration,
+    },
+    /// `--agent-identifiers` does not parse or has an unknown key.
+    AgentIdentifiers(String),
+    /// `--lease-label` does not parse.
+    InvalidLabels {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+    /// `--server-count-source` is not '', 'default' or 'max'.
+    ServerCountSource(String),
+    /// A duration that must be positive is not (konn's check).
+    NotPositive {
+        /// The flag.
+        flag: &'static str,
+        /// The value.
+        value: GoDuration,
+    },
+    /// A duration that must not be negative is (konn's check).
+    NegativeDuration {
+        /// The flag.
+        flag: &'static str,
+        /// The value.
+        value: GoDuration,
+    },
+    /// A konn flag is out of range.
+    Engine(EngineError),
+}
+
+impl fmt::Display for OptionsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::FileMissing { flag, path, source } => {
+                write!(f, "--{flag}={path}: cannot use the file: {source}")
+            }
+            Self::IncompletePair {
+                set,
+                value,
+                missing,
+            } => {
+                write!(
+                    f,
+                    "--{missing} must be set when --{set} is set (--{set}={value:?})"
+                )
+            }
+            Self::PortNotPositive { flag, port } => {
+                write!(f, "--{flag} must be greater than 0, not {port}")
+            }
+            Self::PortTooLarge { flag, port } => {
+                write!(f, "--{flag}={port} is not a port number (at most 65535)")
+            }
+            Self::ChannelSize(n) => write!(f, "--xfr-channel-size must be greater than 0, not {n}"),
+            Self::ContentionWithoutProfiling => {
+                f.write_str("--enable-contention-profiling requires --enable-profiling")
+            }
+            Self::SyncIntervalAboveCap { interval, cap } => write!(
+                f,
+                "--sync-interval ({interval}) must not be greater than --sync-interval-cap ({cap})"
+            ),
+            Self::AgentIdentifiers(problem) => {
+                write!(f, "--agent-identifiers is invalid: {problem}")
+            }
+            Self::InvalidLabels { flag, problem } => write!(f, "--{flag}: {problem}"),
+            Self::ServerCountSource(v) => write!(
+                f,
+                "--server-count-source must be 'default' or 'max' (or empty), not {v:?}"
+            ),
+            Self::NotPositive { flag, value } => {
+                write!(f, "--{flag} must be greater than 0, not {value}")
+            }
+            Self::NegativeDuration { flag, value } => {
+                write!(f, "--{flag} must not be negative, not {value}")
+            }
+            Self::Engine(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for OptionsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::FileMissing { source, .. } => Some(source),
+            Self::Engine(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Go's `net/url.ParseQuery`, keeping keys and values in input order:
+/// `&`-separated `key=value` settings, empty settings skipped, `%XX` and `+`
+/// decoded. A setting with a `;` is an error (and that error wins over a bad
+/// escape, as in Go); otherwise the first bad escape is reported. Then
+/// every key must be an identifier type the agent knows.
+///
+/// # Errors
+///
+/// [`OptionsError::AgentIdentifiers`] with Go's wording of the problem.
+pub fn parse_agent_identifiers(query: &str) -> Result<Vec<(String, String)>, OptionsError> {
+    if query.matches('&').count() + 1 > MAX_QUERY_PARAMS {
+        return Err(OptionsError::AgentIdentifiers(
+            "number of URL query parameters exceeded limit".to_owned(),
+        ));
+    }
+    let mut pairs = Vec::new();
+    let mut err: Option<String> = None;
+    for setting in query.split('&') {
+        if setting.contains(';') {
+            err = Some("invalid semicolon separator in query".to_owned());
+            continue;
+        }
+        if setting.is_empty() {
+            continue;
+        }
+        let (k, v) = setting.split_once('=').unwrap_or((setting, ""));
+        match (query_unescape(k), query_unescape(v)) {
+            (Ok(k), Ok(v)) => pairs.push((k, v)),
+            (Err(e), _) | (_, Err(e)) => {
+                err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = err {
+        return Err(OptionsError::AgentIdentifiers(e));
+    }
+    if let Some((key, _)) = pairs
+        .iter()
+        .find(|(k, _)| !IDENTIFIER_TYPES.contains(&k.as_str()))
+    {
+        return Err(OptionsError::AgentIdentifiers(format!(
+            "unknown identifier type {key:?} (known: {})",
+            IDENTIFIER_TYPES.join(", ")
+        )));
+    }
+    Ok(pairs)
+}
+
+/// Go's `url.QueryUnescape`: `%XX` → byte, `+` → space. The result may
+/// contain invalid UTF-8 in Go; konn replaces such bytes (only keys are
+/// compared, and valid keys are ASCII).
+fn query_unescape(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (
+                    b.get(i + 1).and_then(|&c| hex(c)),
+                    b.get(i + 2).and_then(|&c| hex(c)),
+                ) {
+                    (Some(h), Some(l)) => {
+                        out.push(u8::try_from(h * 16 + l).unwrap_or(0));
+                        i += 3;
+                    }
+                    _ => {
+                        let end = (i + 3).min(b.len());
+                        let bad = String::from_utf8_lossy(&b[i..end]);
+                        return Err(format!("invalid URL escape {bad:?}"));
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Upstream's `os.Stat` + `os.IsNotExist` check: only a missing file fails.
+fn check_exists(flag: &'static str, path: &str) -> Result<(), OptionsError> {
+    if path.is_empty() {
+        return Ok(());
+    }
+    match std::fs::metadata(path) {
+        Err(source) if source.kind() == io::ErrorKind::NotFound => Err(OptionsError::FileMissing {
+            flag,
+            path: path.to_owned(),
+            source,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// When `set` is non-empty its file must exist and `other` must be set.
+fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<(), OptionsError> {
+    if set.1.is_empty() {
+        return Ok(());
+    }
+    check_exists(set.0, set.1)?;
+    if other.1.is_empty() {
+        return Err(OptionsError::IncompletePair {
+            set: set.0,
+            value: set.1.to_owned(),
+            missing: other.0,
+        });
+    }
+    Ok(())
+}
+
+/// Upstream's `ParseLabels`: `k=v[,k=v...]`, each pair exactly one `=`,
+/// keys and values trimmed; empty input is an error.
+pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, String>, OptionsError> {
+    if s.is_empty() {
+        return Err(OptionsError::InvalidLabels {
+            flag,
+            problem: "must not be empty".to_owned(),
+        });
+    }
+    let mut out = BTreeMap::new();
+    for pair in s.split(',') {
+        let parts: Vec<&str> = pair.split('=').collect();
+        let [k, v] = parts[..] else {
+            return Err(OptionsError::InvalidLabels {
+                flag,
+                problem: format!("invalid label {pair:?}: want key=value"),
+            });
+        };
+        out.insert(k.trim().to_owned(), v.trim().to_owned());
+    }
+    Ok(out)
+}
+
+fn port_u16(flag: &'static str, port: i64) -> Result<u16, OptionsError> {
+    u16::try_from(port).map_err(|_| OptionsError::PortTooLarge { flag, port })
+}
+
+fn positive(flag: &'static str, d: GoDuration) -> Result<Duration, OptionsError> {
+    match d.to_std() {
+        Some(v) if !v.is_zero() => Ok(v),
+        _ => Err(OptionsError::NotPositive { flag, value: d }),
+    }
+}
+
+fn non_negative(flag: &'static str, d: GoDuration) -> Result<Duration, OptionsError> {
+    d.to_std()
+        .ok_or(OptionsError::NegativeDuration { flag, value: d })
+}
+
+fn non_empty_path(s: &str) -> Option<PathBuf> {
+    (!s.is_empty()).then(|| PathBuf::from(s))
+}

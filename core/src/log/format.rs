@@ -1,0 +1,318 @@
+//! The klog line format.
+//!
+//! ```text
+//! I1121 23:40:15.123456   12345 runtime.rs:123] message key="value" n=3
+//! ^^^^^ ^^^^^^^^^^^^^^^ ^^^^^^^ ^^^^^^^^^^^^^^  ^^^^^^^ ^^^^^^^^^^^^^^^
+//! |     local time      pid     file:line       text    fields (event, then spans)
+//! severity, month, day  (width 7)
+//! ```
+//!
+//! Field values: strings and errors are quoted Go-style (`key="a b"`);
+//! numbers and booleans are bare; `Debug`/`Display` values are bare when
+//! they contain no space, quote or `=`, quoted otherwise.
+
+use std::fmt::{self, Write as _};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::field::{Field, Visit};
+
+use super::flags::Severity;
+use crate::cli::go::quote;
+
+/// Broken-down local time with microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    pub(crate) year: i32,
+    pub(crate) month: u32,
+    pub(crate) day: u32,
+    pub(crate) hour: u32,
+    pub(crate) minute: u32,
+    pub(crate) second: u32,
+    pub(crate) micros: u32,
+}
+
+impl Stamp {
+    /// The current local time. Logging is one of the few places that reads
+    /// the wall clock itself (the engine passes time in); it is never on the
+    /// data path.
+    #[allow(clippy::disallowed_methods)]
+    pub(crate) fn now() -> Self {
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let secs = i64::try_from(since.as_secs()).unwrap_or(i64::MAX);
+        Self::local(secs, since.subsec_micros())
+    }
+
+    /// `secs` since the epoch in the process's time zone (`TZ`,
+    /// `/etc/localtime`), falling back to UTC.
+    pub(crate) fn local(secs: i64, micros: u32) -> Self {
+        local_time(secs).map_or_else(
+            || Self::utc(secs, micros),
+            |(year, month, day, hour, minute, second)| Self {
+                year,
+                month,
+                day,
+                hour,
+                minute,
+                second,
+                micros,
+            },
+        )
+    }
+
+    /// `secs` since the epoch in UTC (civil-from-days, proleptic Gregorian).
+    pub(crate) fn utc(secs: i64, micros: u32) -> Self {
+        let days = secs.div_euclid(86_400);
+        let rem = secs.rem_euclid(86_400);
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        let small = |v: i64| u32::try_from(v).unwrap_or(0);
+        Self {
+            year: i32::try_from(year).unwrap_or(i32::MAX),
+            month: small(month),
+            day: small(day),
+            hour: small(rem / 3600),
+            minute: small(rem / 60 % 60),
+            second: small(rem % 60),
+            micros,
+        }
+    }
+}
+
+/// `localtime_r`: (year, month 1-12, day, hour, minute, second).
+#[allow(unsafe_code)]
+fn local_time(secs: i64) -> Option<(i32, u32, u32, u32, u32, u32)> {
+    let t: libc::time_t = secs;
+    // SAFETY: `libc::tm` is plain data (integers and, on glibc, a
+    // `tm_zone` pointer that may be null); all-zero is a valid value and
+    // `localtime_r` overwrites it.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers refer to live locals for the duration of the
+    // call; `localtime_r` is the re-entrant variant and keeps no pointer.
+    let res = unsafe { libc::localtime_r(&raw const t, &raw mut tm) };
+    if res.is_null() {
+        return None;
+    }
+    let u = |v: libc::c_int| u32::try_from(v).ok();
+    Some((
+        tm.tm_year.checked_add(1900)?,
+        u(tm.tm_mon)? + 1,
+        u(tm.tm_mday)?,
+        u(tm.tm_hour)?,
+        u(tm.tm_min)?,
+        u(tm.tm_sec)?.min(59),
+    ))
+}
+
+/// Writes klog's header: `I1121 23:40:15.123456   12345 file.rs:123] `.
+pub(crate) fn write_header(
+    out: &mut String,
+    severity: Severity,
+    stamp: &Stamp,
+    pid: u32,
+    file: &str,
+    line: u32,
+) {
+    let _ = write!(
+        out,
+        "{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {:>7} {}:{}] ",
+        severity.letter(),
+        stamp.month,
+        stamp.day,
+        stamp.hour,
+        stamp.minute,
+        stamp.second,
+        stamp.micros,
+        pid,
+        file,
+        line
+    );
+}
+
+/// The file name klog shows: the base name, or the whole path with
+/// `--add-dir-header`. Events without a location show `???:1` as in klog.
+pub(crate) fn display_file(file: Option<&str>, add_dir: bool) -> &str {
+    match file {
+        None => "???",
+        Some(f) if add_dir => f,
+        Some(f) => f.rsplit(['/', '\\']).next().unwrap_or(f),
+    }
+}
+
+/// Collects an event's or span's fields in klog's `key=value` style. The
+/// `message` field is kept apart so it can go first.
+#[derive(Default)]
+pub(crate) struct FieldWriter {
+    pub(crate) message: String,
+    pub(crate) fields: String,
+}
+
+impl FieldWriter {
+    fn push_key(&mut self, field: &Field) {
+        if !self.fields.is_empty() {
+            self.fields.push(' ');
+        }
+        self.fields.push_str(field.name());
+        self.fields.push('=');
+    }
+
+    fn push_text(&mut self, field: &Field, text: &str, always_quote: bool) {
+        if field.name() == "message" {
+            self.message.push_str(text);
+            return;
+        }
+        self.push_key(field);
+        let already_quoted = text.len() >= 2 && text.starts_with('"') && text.ends_with('"');
+        if !always_quote && (already_quoted || is_bare(text)) {
+            self.fields.push_str(text);
+        } else {
+            self.fields.push_str(&quote(text));
+        }
+    }
+
+    fn push_bare(&mut self, field: &Field, value: impl fmt::Display) {
+        if field.name() == "message" {
+            let _ = write!(self.message, "{value}");
+            return;
+        }
+        self.push_key(field);
+        let _ = write!(self.fields, "{value}");
+    }
+}
+
+/// A value that needs no quotes: non-empty, no whitespace, quote, `=` or
+/// control character.
+fn is_bare(text: &str) -> bool {
+    !text.is_empty()
+        && !text
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '=')
+}
+
+impl Visit for FieldWriter {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let text = format!("{value:?}");
+        self.push_text(field, &text, false);
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.push_text(field, value, true);
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.push_text(field, &value.to_string(), true);
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.push_bare(field, value);
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.push_bare(field, value);
+    }
+
+    fn record_i128(&mut self, field: &Field, value: i128) {
+        self.push_bare(field, value);
+    }
+
+    fn record_u128(&mut self, field: &Field, value: u128) {
+        self.push_bare(field, value);
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.push_bare(field, value);
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.push_bare(field, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_like_klog() {
+        let stamp = Stamp {
+            year: 2026,
+            month: 11,
+            day: 22,
+            hour: 0,
+            minute: 33,
+            second: 54,
+            micros: 272_321,
+        };
+        let mut s = String::new();
+        write_header(&mut s, Severity::ERROR, &stamp, 944, "main.go", 31);
+        // A line printed by upstream proxy-agent v0.36.0.
+        assert_eq!(s, "E1122 00:33:54.272321     944 main.go:31] ");
+        let mut s = String::new();
+        write_header(
+            &mut s,
+            Severity::INFO,
+            &Stamp { micros: 5, ..stamp },
+            4_194_304,
+            "a.rs",
+            1,
+        );
+        assert_eq!(s, "I1122 00:33:54.000005 4194304 a.rs:1] ");
+    }
+
+    #[test]
+    fn utc_conversion() {
+        let s = Stamp::utc(0, 0);
+        assert_eq!(
+            (s.year, s.month, s.day, s.hour, s.minute, s.second),
+            (1970, 1, 1, 0, 0, 0)
+        );
+        // 2026-11-21 23:40:15 UTC
+        let s = Stamp::utc(1_795_304_415, 123_456);
+        assert_eq!(
+            (s.year, s.month, s.day, s.hour, s.minute, s.second, s.micros),
+            (2026, 11, 21, 23, 40, 15, 123_456)
+        );
+        // Leap day.
+        let s = Stamp::utc(951_782_400, 0);
+        assert_eq!((s.year, s.month, s.day), (2000, 2, 29));
+    }
+
+    #[test]
+    fn local_time_is_sane() {
+        let s = Stamp::now();
+        assert!(s.year >= 2024);
+        assert!((1..=12).contains(&s.month) && (1..=31).contains(&s.day));
+        assert!(s.hour < 24 && s.minute < 60 && s.second < 60 && s.micros < 1_000_000);
+    }
+
+    #[test]
+    fn file_display() {
+        assert_eq!(
+            display_file(Some("core/src/io/runtime.rs"), false),
+            "runtime.rs"
+        );
+        assert_eq!(
+            display_file(Some("core/src/io/runtime.rs"), true),
+            "core/src/io/runtime.rs"
+        );
+        assert_eq!(display_file(None, false), "???");
+    }
+
+    #[test]
+    fn bare_values() {
+        assert!(is_bare("10.0.0.1:443"));
+        assert!(!is_bare(""));
+        assert!(!is_bare("a b"));
+        assert!(!is_bare("a=b"));
+        assert!(!is_bare("a\"b"));
+        assert!(!is_bare("a\nb"));
+    }
+}

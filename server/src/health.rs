@@ -1,0 +1,242 @@
+//! proxy-server's health and admin endpoints.
+//!
+//! | port (flag, default) | path | answer |
+//! |---|---|---|
+//! | health (`--health-port` 8092) | `/healthz` | 200 `ok` |
+//! | health | `/readyz`, `/ready` (deprecated) | 200 `ok`, or 500 with the readiness message (upstream: `no connection to any proxy agent`) |
+//! | health | `/metrics` | the scrape |
+//! | admin (`--admin-port` 8095) | `/metrics` | the same scrape (upstream keeps it there "for backward compatibility") |
+//! | admin | `/debug/backends` | konn only: the connected agents as JSON ([`BackendsSource`]) |
+//! | admin, `--enable-profiling` | `/debug/pprof` | 301 to `/debug/pprof/`, as upstream |
+//! | admin, `--enable-profiling` | `/debug/pprof/…` | 501: konn has no Go profiler (see below) |
+//!
+//! Bodies are `text/plain; charset=utf-8` like Go's sniffed ones. Every
+//! other path is Go's `404 page not found`.
+//!
+//! **Profiling.** Upstream serves Go's `net/http/pprof` under
+//! `--enable-profiling`. Those profiles (goroutines, Go heap, Go CPU
+//! profile format) describe a Go runtime konn does not have, so konn
+//! answers the same paths with 501 and a message pointing at OS-level
+//! profilers (`perf`, `bpftrace`, ...), which work on the Rust binary as
+//! is. Without the flag the paths are 404, as upstream.
+//!
+//! **`/debug/backends`** (not upstream). The answer is one JSON object, with
+//! agents sorted by id and identifiers in the order the agent sent them:
+//!
+//! ```json
+//! {"agents":[{"id":"node-1","identifiers":{"host":["node-1"],"ipv4":["10.0.0.1"],
+//! "ipv6":[],"cidr":[],"defaultRoute":false},"draining":false,
+//! "connections":{"open":3,"pending":1}}]}
+//! ```
+//!
+//! `open` counts established end-to-end connections through that agent,
+//! `pending` dials sent to it and not answered yet; `draining` is true once
+//! the agent sent DRAIN.
+
+use std::rc::Rc;
+
+pub use konn_core::http1::{PROFILING_UNAVAILABLE, profiling_routes};
+use konn_core::{
+    http1::{Request, Response, Router, metrics_response},
+    metrics::Registry,
+};
+
+/// Upstream's readiness failure text.
+pub const NOT_READY: &str = "no connection to any proxy agent";
+
+/// The server's readiness, as upstream's `ReadinessManager`: `Ok` when
+/// ready, else the message `/readyz` answers with (upstream:
+/// [`NOT_READY`] while the first backend manager has no agent).
+pub trait Readiness {
+    /// Whether the server is ready.
+    fn ready(&self) -> Result<(), String>;
+}
+
+impl<F: Fn() -> Result<(), String>> Readiness for F {
+    fn ready(&self) -> Result<(), String> {
+        self()
+    }
+}
+
+/// One connected agent as `/debug/backends` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// The `agentid` the agent sent.
+    pub agent_id: String,
+    /// The parsed `agentidentifiers` metadata.
+    pub identifiers: BackendIdentifiers,
+    /// Whether the agent sent DRAIN.
+    pub draining: bool,
+    /// Established end-to-end connections through this agent.
+    pub connections_open: u64,
+    /// Dials sent to this agent and not answered yet.
+    pub connections_pending: u64,
+}
+
+/// The identifiers an agent advertises (`agentidentifiers`: `host`,
+/// `ipv4`, `ipv6`, `cidr`, `default-route`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendIdentifiers {
+    /// `host=` values.
+    pub host: Vec<String>,
+    /// `ipv4=` values.
+    pub ipv4: Vec<String>,
+    /// `ipv6=` values.
+    pub ipv6: Vec<String>,
+    /// `cidr=` values.
+    pub cidr: Vec<String>,
+    /// `default-route=true`.
+    pub default_route: bool,
+}
+
+/// Where `/debug/backends` gets its data; the server implements it.
+pub trait BackendsSource {
+    /// The connected agents, in any order.
+    fn backends(&self) -> Vec<BackendInfo>;
+}
+
+impl<F: Fn() -> Vec<BackendInfo>> BackendsSource for F {
+    fn backends(&self) -> Vec<BackendInfo> {
+        self()
+    }
+}
+
+/// `/healthz`: always `ok` while the process serves HTTP.
+pub fn healthz(_request: &Request<'_>) -> Response {
+    Response::text(200, "ok")
+}
+
+/// `/readyz` and `/ready`: 200 `ok`, or 500 with the readiness message.
+pub fn readyz(readiness: &dyn Readiness) -> Response {
+    match readiness.ready() {
+        Ok(()) => Response::text(200, "ok"),
+        Err(message) => Response::text(500, message),
+    }
+}
+
+/// The health port's routes.
+pub fn health_router(readiness: impl Readiness + 'static, metrics: Registry) -> Router {
+    let readiness: Rc<dyn Readiness> = Rc::new(readiness);
+    let ready = readiness.clone();
+    Router::new()
+        .route("/healthz", healthz)
+        .route("/readyz", move |_| readyz(&*readiness))
+        // Deprecated upstream, kept for compatibility.
+        .route("/ready", move |_| readyz(&*ready))
+        .route("/metrics", move |req| metrics_response(&metrics, req))
+}
+
+/// The admin port's routes.
+pub fn admin_router(
+    metrics: Registry,
+    backends: impl BackendsSource + 'static,
+    enable_profiling: bool,
+) -> Router {
+    let router = Router::new()
+        .route("/metrics", move |req| metrics_response(&metrics, req))
+        .route("/debug/backends", move |_| {
+            Response::new(200)
+                .with_header("Content-Type", "application/json")
+                .with_body(backends_json(backends.backends()))
+        });
+    if enable_profiling {
+        profiling_routes(router)
+    } else {
+        router
+    }
+}
+
+/// The `/debug/backends` document (see the module docs), newline-terminated.
+pub fn backends_json(mut agents: Vec<BackendInfo>) -> Vec<u8> {
+    agents.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+    let mut out = String::from("{\"agents\":[");
+    for (i, agent) in agents.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"id\":");
+        json_string(&mut out, &agent.agent_id);
+        out.push_str(",\"identifiers\":{");
+        let ids = &agent.identifiers;
+        for (key, values) in [
+            ("host", &ids.host),
+            ("ipv4", &ids.ipv4),
+            ("ipv6", &ids.ipv6),
+            ("cidr", &ids.cidr),
+        ] {
+            out.push('"');
+            out.push_str(key);
+            out.push_str("\":[");
+            for (j, value) in values.iter().enumerate() {
+                if j > 0 {
+                    out.push(',');
+                }
+                json_string(&mut out, value);
+            }
+            out.push_str("],");
+        }
+        out.push_str("\"defaultRoute\":");
+        out.push_str(if ids.default_route { "true" } else { "false" });
+        out.push_str("},\"draining\":");
+        out.push_str(if agent.draining { "true" } else { "false" });
+        out.push_str(&format!(
+            ",\"connections\":{{\"open\":{},\"pending\":{}}}}}",
+            agent.connections_open, agent.connections_pending
+        ));
+    }
+    out.push_str("]}\n");
+    out.into_bytes()
+}
+
+/// Appends `s` as a JSON string (RFC 8259 escaping).
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_escapes_and_sorts() {
+        let agents = vec![
+            BackendInfo {
+                agent_id: "b\"\\\n\u{1}".into(),
+                ..BackendInfo::default()
+            },
+            BackendInfo {
+                agent_id: "a".into(),
+                identifiers: BackendIdentifiers {
+                    host: vec!["h1".into(), "h2".into()],
+                    default_route: true,
+                    ..BackendIdentifiers::default()
+                },
+                draining: true,
+                connections_open: 3,
+                connections_pending: 1,
+            },
+        ];
+        assert_eq!(
+            String::from_utf8(backends_json(agents)).unwrap(),
+            "{\"agents\":[{\"id\":\"a\",\"identifiers\":{\"host\":[\"h1\",\"h2\"],\"ipv4\":[],\
+             \"ipv6\":[],\"cidr\":[],\"defaultRoute\":true},\"draining\":true,\
+             \"connections\":{\"open\":3,\"pending\":1}},\
+             {\"id\":\"b\\\"\\\\\\n\\u0001\",\"identifiers\":{\"host\":[],\"ipv4\":[],\"ipv6\":[],\
+             \"cidr\":[],\"defaultRoute\":false},\"draining\":false,\
+             \"connections\":{\"open\":0,\"pending\":0}}]}\n"
+        );
+        assert_eq!(backends_json(Vec::new()), b"{\"agents\":[]}\n");
+    }
+}
