@@ -33,6 +33,7 @@ pub mod notify;
 pub mod pool;
 pub mod resolve;
 pub mod runtime;
+pub mod signals;
 pub mod sock;
 pub mod tls;
 pub mod xcore;
