@@ -16,9 +16,11 @@ use konn_core::io::driver::Handler;
 use konn_core::proto::grpc::{Grpc, GrpcEvent};
 use konn_core::proto::h2::Headers;
 use konn_frames::GrpcStatus;
-use konn_frames::packet::Packet;
+use konn_frames::packet::{Packet, PacketType};
 
 use crate::backends::{BackendId, Identifiers};
+use crate::metrics::{Segment, ServiceMethod};
+use crate::serve::metric_strategy;
 use crate::worker::{BackendRef, Msg, Outbox, Worker, bump};
 
 /// The handler of one agent connection.
@@ -113,6 +115,11 @@ impl AgentConn {
         self.streams.insert(id, bid);
         bump(&self.worker.shared.connect_streams, true);
         bump(&self.worker.shared.backends, true);
+        self.worker
+            .metrics
+            .grpc_connections(ServiceMethod::Connect)
+            .inc();
+        self.publish_backends();
         if let Some(e) = entry {
             (self.announce)(Msg::BackendUp(e));
         }
@@ -129,7 +136,28 @@ impl AgentConn {
         self.worker.apply();
         bump(&self.worker.shared.connect_streams, false);
         bump(&self.worker.shared.backends, false);
+        self.worker
+            .metrics
+            .grpc_connections(ServiceMethod::Connect)
+            .dec();
+        self.publish_backends();
+        self.worker.publish();
         (self.announce)(Msg::BackendDown(bid));
+    }
+
+    /// `ready_backends{proxy_strategy}` and the deprecated
+    /// `ready_backend_connections` (upstream: written by every storage, the
+    /// last one wins).
+    fn publish_backends(&self) {
+        let router = self.worker.router.borrow();
+        let dir = router.directory();
+        for s in dir.strategies() {
+            let n = dir.ready_backends(*s);
+            self.worker
+                .all_metrics
+                .set_ready_backends(metric_strategy(*s), n);
+            self.worker.all_metrics.set_ready_backend_connections(n);
+        }
     }
 }
 
@@ -148,6 +176,12 @@ impl Handler<Grpc> for AgentConn {
                 if let Some(&bid) = self.streams.get(&id) {
                     match Packet::decode(&msg) {
                         Ok(p) => {
+                            let ty = p.ty();
+                            self.worker
+                                .metrics
+                                .stream_packets(Segment::FromAgent, ty)
+                                .inc();
+                            self.worker.forwarding.set(ty);
                             let drain = matches!(p, Packet::Drain);
                             let framed = framed.unwrap_or_else(|| reframe(&msg));
                             self.worker.router.borrow_mut().backend_packet(
@@ -157,6 +191,9 @@ impl Handler<Grpc> for AgentConn {
                                 framed,
                             );
                             self.worker.apply();
+                            if ty != PacketType::Data {
+                                self.worker.publish();
+                            }
                             if drain {
                                 tracing::info!(backend = bid, "agent is draining");
                                 (self.announce)(Msg::BackendDraining(bid));

@@ -18,6 +18,8 @@
 //! entries name the core that owns the backend's tunnel.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Identity of one backend (one agent tunnel): unique per server process.
 pub type BackendId = u64;
@@ -143,6 +145,32 @@ pub fn dest_host(address: &str) -> &str {
     }
 }
 
+/// A backend's load, written by the core that owns it (on dials and
+/// closes, never per packet) and read by any core (`/debug/backends`).
+#[derive(Debug, Default)]
+pub struct BackendLoad {
+    /// Established connections.
+    pub open: AtomicU64,
+    /// Dials in flight.
+    pub pending: AtomicU64,
+}
+
+impl BackendLoad {
+    /// (open, pending).
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.open.load(Ordering::Relaxed),
+            self.pending.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Publish new values.
+    pub fn set(&self, open: usize, pending: usize) {
+        self.open.store(open as u64, Ordering::Relaxed);
+        self.pending.store(pending as u64, Ordering::Relaxed);
+    }
+}
+
 /// One backend as every core sees it.
 #[derive(Clone, Debug)]
 pub struct Entry {
@@ -156,6 +184,8 @@ pub struct Entry {
     pub core: usize,
     /// The agent announced DRAIN.
     pub draining: bool,
+    /// Its load (shared by every replica).
+    pub load: Arc<BackendLoad>,
 }
 
 /// Keys of one strategy → backends in connection order.
@@ -359,6 +389,7 @@ mod tests {
             identifiers: Identifiers::parse(ids).unwrap(),
             core: 0,
             draining: false,
+            load: Arc::default(),
         }
     }
 

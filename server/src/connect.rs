@@ -400,6 +400,7 @@ pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
         .borrow_mut()
         .insert(fid, FrontendRef::Connect(cf.clone()));
     bump(&worker.shared.http_connections, true);
+    worker.metrics.http_connections().inc();
     let random = worker.random();
     let dial = worker.dial_random();
     worker.router.borrow_mut().connect_request(
@@ -410,13 +411,16 @@ pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
         random,
     );
     worker.apply();
+    worker.publish();
     relay(&worker, fid, &cf, &mut wire).await;
     // Whatever happened, the router forgets this frontend (idempotent).
     worker.frontends.borrow_mut().remove(&fid);
     worker.router.borrow_mut().frontend_gone(fid);
     worker.apply();
+    worker.publish();
     wire.close().await;
     bump(&worker.shared.http_connections, false);
+    worker.metrics.http_connections().dec();
 }
 
 async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mut Wire) {
@@ -554,6 +558,7 @@ fn send_data(
         }
     };
     if worker.router.borrow_mut().connect_data(fid, framed) {
+        worker.forwarding.set(packet::PacketType::Data);
         worker.apply();
     }
 }

@@ -17,9 +17,10 @@ use konn_core::io::driver::Handler;
 use konn_core::proto::grpc::{Grpc, GrpcEvent};
 use konn_core::proto::h2::Headers;
 use konn_frames::GrpcStatus;
-use konn_frames::packet::Packet;
+use konn_frames::packet::{Packet, PacketType};
 
 use crate::agents::{reframe, unknown_method};
+use crate::metrics::{Segment, ServiceMethod};
 use crate::router::{FrontendId, FrontendKind};
 use crate::worker::{FrontendRef, Outbox, Worker, bump};
 
@@ -91,6 +92,10 @@ impl FrontendConn {
         );
         self.streams.insert(id, fid);
         bump(&self.worker.shared.proxy_streams, true);
+        self.worker
+            .metrics
+            .grpc_connections(ServiceMethod::Proxy)
+            .inc();
     }
 
     fn gone(&mut self, id: u32) {
@@ -100,7 +105,12 @@ impl FrontendConn {
         self.worker.frontends.borrow_mut().remove(&fid);
         self.worker.router.borrow_mut().frontend_gone(fid);
         self.worker.apply();
+        self.worker.publish();
         bump(&self.worker.shared.proxy_streams, false);
+        self.worker
+            .metrics
+            .grpc_connections(ServiceMethod::Proxy)
+            .dec();
     }
 
     /// Decide whether this DIAL_REQ moves the connection; if so, record the
@@ -182,6 +192,10 @@ impl Handler<Grpc> for FrontendConn {
                     self.worker.frontends.borrow_mut().remove(&fid);
                     self.worker.router.borrow_mut().frontend_gone(fid);
                     bump(&self.worker.shared.proxy_streams, false);
+                    self.worker
+                        .metrics
+                        .grpc_connections(ServiceMethod::Proxy)
+                        .dec();
                     if let Some(plan) = self.plan.borrow_mut().as_mut() {
                         plan.stashed.push(GrpcEvent::Message {
                             id,
@@ -192,6 +206,12 @@ impl Handler<Grpc> for FrontendConn {
                     }
                     return;
                 }
+                let ty = packet.ty();
+                self.worker
+                    .metrics
+                    .stream_packets(Segment::FromClient, ty)
+                    .inc();
+                self.worker.forwarding.set(ty);
                 let framed = framed.unwrap_or_else(|| reframe(&msg));
                 self.worker.router.borrow_mut().frontend_packet(
                     konn_core::io::clock::now(),
@@ -201,6 +221,9 @@ impl Handler<Grpc> for FrontendConn {
                     random,
                 );
                 self.worker.apply();
+                if ty != PacketType::Data {
+                    self.worker.publish();
+                }
                 let backend = self.worker.router.borrow().frontend_backend(fid);
                 self.worker.credit(backend, &self.outbox, id, flow, grpc);
             }

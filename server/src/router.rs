@@ -281,6 +281,16 @@ impl Router {
             .is_some_and(|f| f.backend.is_some() || f.done)
     }
 
+    /// Publish every local backend's load to its directory entry (call after
+    /// control events; the values are read by `/debug/backends`).
+    pub fn publish_loads(&self) {
+        for (id, b) in &self.backends {
+            if let Some(e) = self.directory.get(*id) {
+                e.load.set(b.established.len(), b.pending.len());
+            }
+        }
+    }
+
     /// Connections open and dials pending on one backend (for
     /// `/debug/backends`).
     pub fn backend_load(&self, id: BackendId) -> (usize, usize) {
@@ -306,6 +316,7 @@ impl Router {
             identifiers,
             core,
             draining: false,
+            load: std::sync::Arc::default(),
         });
     }
 

@@ -22,11 +22,13 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use konn_core::Error;
+use konn_core::http1;
 use konn_core::io::driver::{ConnHandle, Handler};
+use konn_core::io::listen::bind_tcp;
 use konn_core::io::listen::{
     TcpListeners, UnixListenOptions, accept_loop, bind_unix, tcp_into_monoio, unix_into_monoio,
 };
-use konn_core::io::runtime::{WorkerCtx, Workers};
+use konn_core::io::runtime::{StopToken, Stopper, WorkerCtx, Workers};
 use konn_core::io::tls::TlsLayer;
 use konn_core::io::xcore::{DetachedTcp, DetachedUnix, detach_tcp, detach_unix};
 use konn_core::proto::grpc::Grpc;
@@ -34,10 +36,17 @@ use konn_core::proto::h2::Connection;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, Split};
 use monoio::net::{TcpStream, UnixStream};
 
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crossbeam_utils::atomic::AtomicCell;
+
 use crate::agents::AgentConn;
 use crate::backends::Directory;
 use crate::connect::{Head, Sock, Wire, read_head, serve_connect};
 use crate::frontend::{FrontendConn, Plan};
+use crate::health::{BackendIdentifiers, BackendInfo};
+use crate::metrics::{ServerMetrics, Strategy as MetricStrategy};
 use crate::router::{Router, RouterConfig};
 use crate::settings::{FrontendListen, Mode, ServerSettings};
 use crate::worker::{Msg, Outbox, Shared, Worker};
@@ -88,7 +97,11 @@ pub struct ServerHandle {
     agent_addr: SocketAddr,
     frontend_addr: Option<SocketAddr>,
     frontend_path: Option<PathBuf>,
+    health_addr: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
+    metrics: ServerMetrics,
+    listen_stop: Stopper,
 }
 
 impl ServerHandle {
@@ -107,17 +120,57 @@ impl ServerHandle {
         self.frontend_path.as_deref()
     }
 
+    /// The health port's bound address.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_addr
+    }
+
+    /// The admin port's bound address.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
     /// Process-wide counters.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
 
-    /// Stop and wait for the workers.
+    /// The metrics registry.
+    pub fn metrics(&self) -> &ServerMetrics {
+        &self.metrics
+    }
+
+    /// Graceful shutdown, as upstream's with `--graceful-shutdown-timeout`:
+    /// not ready any more, no new connections, GOAWAY on every connection;
+    /// then wait until the frontends are gone or `timeout` passed, and stop.
+    #[allow(clippy::disallowed_methods)] // the main thread's wait, not a data path
+    pub fn shutdown(mut self, timeout: Duration) -> Result<(), Error> {
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        self.listen_stop.stop();
+        if let Some(w) = &self.workers {
+            for i in 0..w.len() {
+                let _ = w.mesh().send(i, Msg::Shutdown);
+            }
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            let open = self.shared.proxy_streams.load(Ordering::Relaxed)
+                + self.shared.http_connections.load(Ordering::Relaxed);
+            if open == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop_inner()
+    }
+
+    /// Stop now and wait for the workers.
     pub fn stop(mut self) -> Result<(), Error> {
         self.stop_inner()
     }
 
     fn stop_inner(&mut self) -> Result<(), Error> {
+        self.listen_stop.stop();
         match self.workers.take() {
             Some(w) => {
                 w.stop();
@@ -139,6 +192,8 @@ struct Listeners {
     agent: TcpListeners,
     frontend_tcp: Option<TcpListeners>,
     frontend_unix: Option<std::os::unix::net::UnixListener>,
+    health: AtomicCell<Option<std::net::TcpListener>>,
+    admin: AtomicCell<Option<std::net::TcpListener>>,
 }
 
 /// Bind every listener and start the workers.
@@ -166,26 +221,60 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
             )
         }
     };
+    let bind_http = |addr: Option<SocketAddr>| -> Result<Option<std::net::TcpListener>, Error> {
+        addr.map(|a| bind_tcp(a, 128, false)).transpose()
+    };
+    let health = bind_http(settings.health_addr)?;
+    let admin = bind_http(settings.admin_addr)?;
+    let health_addr = health.as_ref().and_then(|l| l.local_addr().ok());
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let listeners = Arc::new(Listeners {
         agent,
         frontend_tcp,
         frontend_unix,
+        health: AtomicCell::new(health),
+        admin: AtomicCell::new(admin),
     });
+    let metrics = ServerMetrics::new(workers);
+    for s in &settings.strategies {
+        metrics.init_backend_storage(metric_strategy(*s));
+    }
     let shared = Arc::new(Shared::default());
     let settings = Arc::new(settings);
-    let shared2 = shared.clone();
+    let listen_stop = Stopper::new();
+    let (shared2, metrics2, stop2) = (shared.clone(), metrics.clone(), listen_stop.clone());
     let mut runtime = settings.runtime.clone();
     runtime.workers = workers;
     let workers = Workers::start(runtime, move |ctx| {
-        worker_main(ctx, settings.clone(), listeners.clone(), shared2.clone())
+        worker_main(
+            ctx,
+            settings.clone(),
+            listeners.clone(),
+            shared2.clone(),
+            metrics2.clone(),
+            stop2.clone(),
+        )
     })?;
     Ok(ServerHandle {
         workers: Some(workers),
         agent_addr,
         frontend_addr,
         frontend_path,
+        health_addr,
+        admin_addr,
         shared,
+        metrics,
+        listen_stop,
     })
+}
+
+/// The metrics label of a proxy strategy.
+pub fn metric_strategy(s: crate::backends::Strategy) -> MetricStrategy {
+    match s {
+        crate::backends::Strategy::Default => MetricStrategy::Default,
+        crate::backends::Strategy::DestHost => MetricStrategy::DestHost,
+        crate::backends::Strategy::DefaultRoute => MetricStrategy::DefaultRoute,
+    }
 }
 
 async fn worker_main(
@@ -193,6 +282,8 @@ async fn worker_main(
     settings: Arc<ServerSettings>,
     listeners: Arc<Listeners>,
     shared: Arc<Shared>,
+    metrics: ServerMetrics,
+    listen_stop: Stopper,
 ) {
     let index = ctx.index();
     let router = Router::new(
@@ -202,7 +293,12 @@ async fn worker_main(
         },
         Directory::new(settings.strategies.clone()),
     );
-    let seed = (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64;
+    let seed =
+        (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id());
+    let Some(core_metrics) = metrics.core(index) else {
+        tracing::error!(worker = index, "no metrics slab for this worker");
+        return;
+    };
     let worker = Rc::new(Worker::new(
         index,
         router,
@@ -210,6 +306,8 @@ async fn worker_main(
         ctx.pool().clone(),
         shared,
         seed,
+        core_metrics,
+        metrics.clone(),
     ));
     let mesh = ctx.mesh().clone();
     let workers = ctx.workers();
@@ -219,12 +317,15 @@ async fn worker_main(
                 Msg::BackendUp(e) => Msg::BackendUp(e.clone()),
                 Msg::BackendDown(b) => Msg::BackendDown(*b),
                 Msg::BackendDraining(b) => Msg::BackendDraining(*b),
-                Msg::Adopt(_) => return,
+                Msg::Adopt(_) | Msg::Shutdown => return,
             };
             let _ = mesh.send(to, copy);
         }
     });
-    let stop = ctx.stop_token().clone();
+    // Listeners stop on a graceful shutdown; the worker itself on stop.
+    let stop = listen_stop.token();
+    let worker_stop = ctx.stop_token().clone();
+    serve_http(&worker, &listeners, &stop);
 
     // Agent port.
     if let Some(l) = listeners
@@ -281,7 +382,7 @@ async fn worker_main(
         let w = worker.clone();
         let m = migrate.clone();
         inbox
-            .serve(&stop, 64, move |msg| match msg {
+            .serve(&worker_stop, 64, move |msg| match msg {
                 Msg::BackendUp(e) => w.router.borrow_mut().directory_mut().add(e),
                 Msg::BackendDown(id) => {
                     w.router.borrow_mut().directory_mut().remove(id);
@@ -290,11 +391,95 @@ async fn worker_main(
                 Msg::Adopt(m2) => {
                     monoio::spawn(adopt(w.clone(), *m2, m.clone()));
                 }
+                Msg::Shutdown => {
+                    // The closures only poke weak handles.
+                    let all: Vec<u64> = w.connections.borrow().keys().copied().collect();
+                    for id in all {
+                        let conns = w.connections.borrow();
+                        if let Some(f) = conns.get(&id) {
+                            f();
+                        }
+                    }
+                }
             })
             .await;
     } else {
-        stop.stopped().await;
+        worker_stop.stopped().await;
     }
+    stop.close().await;
+}
+
+/// Health and admin HTTP servers (on the worker that gets the listeners).
+fn serve_http(worker: &Rc<Worker>, listeners: &Listeners, stop: &StopToken) {
+    let registry = worker.all_metrics.registry().clone();
+    if let Some(l) = listeners
+        .health
+        .take()
+        .and_then(|l| tcp_into_monoio(l).ok())
+    {
+        let w = worker.clone();
+        let readiness = move || {
+            let ready = !w.shared.shutting_down.load(Ordering::Relaxed)
+                && w.router.borrow().directory().is_ready();
+            if ready {
+                Ok(())
+            } else {
+                Err(crate::health::NOT_READY.to_owned())
+            }
+        };
+        let router = Rc::new(crate::health::health_router(readiness, registry.clone()));
+        let stop = stop.clone();
+        monoio::spawn(async move {
+            let _ = http1::serve(&l, &stop, router, Rc::new(http1::Config::default())).await;
+        });
+    }
+    if let Some(l) = listeners.admin.take().and_then(|l| tcp_into_monoio(l).ok()) {
+        let w = worker.clone();
+        let backends = move || {
+            let router = w.router.borrow();
+            router
+                .directory()
+                .entries()
+                .map(|e| {
+                    let (open, pending) = e.load.get();
+                    BackendInfo {
+                        agent_id: e.agent_id.clone(),
+                        identifiers: BackendIdentifiers {
+                            host: e.identifiers.host.clone(),
+                            ipv4: e.identifiers.ipv4.clone(),
+                            ipv6: e.identifiers.ipv6.clone(),
+                            cidr: e.identifiers.cidr.clone(),
+                            default_route: e.identifiers.default_route,
+                        },
+                        draining: e.draining,
+                        connections_open: open,
+                        connections_pending: pending,
+                    }
+                })
+                .collect()
+        };
+        let profiling = worker.settings.enable_profiling;
+        let router = Rc::new(crate::health::admin_router(registry, backends, profiling));
+        let stop = stop.clone();
+        monoio::spawn(async move {
+            let _ = http1::serve(&l, &stop, router, Rc::new(http1::Config::default())).await;
+        });
+    }
+}
+
+/// Remember a connection for a graceful shutdown; forget it when it ends.
+fn register<H: Handler<Grpc> + 'static>(worker: &Worker, handle: &ConnHandle<Grpc, H>) -> u64 {
+    let id = worker.next_id();
+    let weak = handle.downgrade();
+    worker.connections.borrow_mut().insert(
+        id,
+        Box::new(move || {
+            if let Some(h) = weak.upgrade() {
+                h.shutdown();
+            }
+        }),
+    );
+    id
 }
 
 async fn serve_agent(worker: Rc<Worker>, sock: TcpStream, announce: Rc<dyn Fn(Msg)>) {
@@ -318,9 +503,11 @@ async fn serve_agent(worker: Rc<Worker>, sock: TcpStream, announce: Rc<dyn Fn(Ms
         s.driver,
     );
     install_poke(&outbox, &handle);
+    let id = register(&worker, &handle);
     if let Err(e) = handle.run(sock).await {
         tracing::debug!(error = %e, "agent connection ended");
     }
+    worker.connections.borrow_mut().remove(&id);
 }
 
 /// The outbox of a connection flushes itself by poking its driver.
@@ -423,6 +610,7 @@ async fn run_grpc_frontend<IO: Movable>(
     let flag = handle.detach_flag();
     let _ = handle.with(|_, h| h.set_detach_flag(flag));
     install_poke(&outbox, &handle);
+    let id = register(&worker, &handle);
     if !replay.is_empty() {
         let _ = handle.with(|g, h| {
             for ev in replay {
@@ -430,7 +618,9 @@ async fn run_grpc_frontend<IO: Movable>(
             }
         });
     }
-    match handle.run_detachable(io).await {
+    let outcome = handle.run_detachable(io).await;
+    worker.connections.borrow_mut().remove(&id);
+    match outcome {
         Ok(Some(detached)) => {
             let Some(plan) = plan.borrow_mut().take() else {
                 return;

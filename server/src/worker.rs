@@ -27,8 +27,11 @@ use konn_core::io::pool::BufPool;
 use konn_core::proto::grpc::Grpc;
 use konn_frames::GrpcStatus;
 
+use konn_frames::packet::PacketType;
+
 use crate::backends::{BackendId, Entry};
 use crate::connect::ConnectFrontend;
+use crate::metrics::{DialFailureReason, Segment, ServerCoreMetrics, ServerMetrics};
 use crate::router::{Action, DialFailure, FrontendId, Payload, Router};
 use crate::settings::ServerSettings;
 
@@ -148,6 +151,8 @@ pub struct Shared {
     pub pending_dials: AtomicI64,
     /// Established connections, all workers.
     pub established: AtomicI64,
+    /// A graceful shutdown started: not ready, accept nothing new.
+    pub shutting_down: std::sync::atomic::AtomicBool,
 }
 
 /// Messages between server workers.
@@ -160,6 +165,8 @@ pub enum Msg {
     BackendDraining(BackendId),
     /// A frontend moving to this worker (see `crate::serve`).
     Adopt(Box<crate::serve::Migrant>),
+    /// Start a graceful shutdown: GOAWAY on every connection.
+    Shutdown,
 }
 
 /// One worker's state.
@@ -180,12 +187,20 @@ pub struct Worker {
     pub pool: BufPool,
     /// Process-wide counters.
     pub shared: Arc<Shared>,
-    /// Dial outcomes (metrics), drained by the metrics layer.
-    pub dial_failures: RefCell<[u64; 7]>,
+    /// Live connections of this worker: how to start each one's graceful
+    /// shutdown (GOAWAY).
+    pub connections: RefCell<HashMap<u64, Box<dyn Fn()>>>,
+    /// This core's metric slab.
+    pub metrics: ServerCoreMetrics,
+    /// The process-wide metrics (gauges set by whoever knows the value).
+    pub all_metrics: ServerMetrics,
+    /// Type of the packet being routed now (what `Payload::Forward`s are).
+    pub forwarding: Cell<PacketType>,
 }
 
 impl Worker {
     /// A worker's state.
+    #[allow(clippy::too_many_arguments)] // one-time construction of a worker
     pub fn new(
         index: usize,
         router: Router,
@@ -193,6 +208,8 @@ impl Worker {
         pool: BufPool,
         shared: Arc<Shared>,
         seed: u64,
+        metrics: ServerCoreMetrics,
+        all_metrics: ServerMetrics,
     ) -> Self {
         Self {
             index,
@@ -204,7 +221,10 @@ impl Worker {
             settings,
             pool,
             shared,
-            dial_failures: RefCell::new([0; 7]),
+            connections: RefCell::new(HashMap::new()),
+            metrics,
+            all_metrics,
+            forwarding: Cell::new(PacketType::Data),
         }
     }
 
@@ -280,6 +300,8 @@ impl Worker {
             let Some(action) = action else { return };
             match action {
                 Action::ToBackend { backend, payload } => {
+                    let ty = self.payload_type(&payload);
+                    self.metrics.stream_packets(Segment::ToAgent, ty).inc();
                     let bytes = encode(payload);
                     let target = self.backends.borrow().get(&backend).map(|b| {
                         b.queued.set(b.queued.get() + bytes.len());
@@ -297,6 +319,8 @@ impl Worker {
                         _ => None,
                     };
                     if let Some((outbox, stream)) = target {
+                        let ty = self.payload_type(&payload);
+                        self.metrics.stream_packets(Segment::ToClient, ty).inc();
                         outbox.push(Out::Send(stream, encode(payload)));
                     }
                 }
@@ -330,13 +354,30 @@ impl Worker {
                         None => {}
                     }
                 }
-                Action::DialFailed(why) => {
-                    let i = DIAL_FAILURES.iter().position(|r| *r == why).unwrap_or(0);
-                    self.dial_failures.borrow_mut()[i] += 1;
-                }
-                Action::DialSucceeded(_) => {}
+                Action::DialFailed(why) => self.metrics.dial_failures(failure_reason(why)).inc(),
+                Action::DialSucceeded(d) => self.metrics.dial_duration().observe_duration(d),
             }
         }
+    }
+
+    fn payload_type(&self, p: &Payload) -> PacketType {
+        match p {
+            Payload::Packet(p) => p.ty(),
+            Payload::Forward(_) => self.forwarding.get(),
+        }
+    }
+
+    /// After a control event: publish the router's gauges and loads.
+    pub fn publish(&self) {
+        let router = self.router.borrow();
+        let stats = router.stats();
+        self.metrics
+            .pending_backend_dials()
+            .set(stats.pending_dials as f64);
+        self.metrics
+            .established_connections()
+            .set(stats.established as f64);
+        router.publish_loads();
     }
 
     fn connect_frontend(&self, id: FrontendId) -> Option<Rc<ConnectFrontend>> {
@@ -347,16 +388,18 @@ impl Worker {
     }
 }
 
-/// The order of [`Worker::dial_failures`].
-pub const DIAL_FAILURES: [DialFailure; 7] = [
-    DialFailure::NoAgent,
-    DialFailure::ErrorResponse,
-    DialFailure::UnrecognizedResponse,
-    DialFailure::SendResponse,
-    DialFailure::BackendClose,
-    DialFailure::BackendDialTimeout,
-    DialFailure::FrontendClose,
-];
+/// The metric label of a router dial failure.
+fn failure_reason(f: DialFailure) -> DialFailureReason {
+    match f {
+        DialFailure::NoAgent => DialFailureReason::NoAgent,
+        DialFailure::ErrorResponse => DialFailureReason::ErrorResponse,
+        DialFailure::UnrecognizedResponse => DialFailureReason::UnrecognizedResponse,
+        DialFailure::SendResponse => DialFailureReason::SendResponse,
+        DialFailure::BackendClose => DialFailureReason::BackendClose,
+        DialFailure::BackendDialTimeout => DialFailureReason::BackendDialTimeout,
+        DialFailure::FrontendClose => DialFailureReason::FrontendClose,
+    }
+}
 
 /// The wire bytes of a payload (control packets are encoded here; forwarded
 /// ones already are).

@@ -39,7 +39,11 @@ pub fn block_shutdown_signals() -> io::Result<()> {
     // SAFETY: `set` is a valid, initialised signal set; a null old-set
     // pointer is allowed.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
 }
 
 /// Wait for SIGTERM or SIGINT (they must be blocked, see the module docs).
