@@ -188,8 +188,11 @@ pub struct Conn<S, H> {
     wake_writer: Notify,
     wake_reader: Notify,
     wake_timer: Notify,
-    /// Stops a read in flight.
+    /// Stops a read in flight (see [`Conn::stop_reader`]).
     closing: Notify,
+    /// Latched with `closing`: the reader must end even if it was not
+    /// waiting when `closing` fired (a `Notify` holds one wake-up only).
+    reader_stopped: Cell<bool>,
     closed: Cell<bool>,
     error: RefCell<Option<Error>>,
     cfg: DriverConfig,
@@ -265,6 +268,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             wake_reader: Notify::new(),
             wake_timer: Notify::new(),
             closing: Notify::new(),
+            reader_stopped: Cell::new(false),
             closed: Cell::new(false),
             error: RefCell::new(None),
             cfg,
@@ -471,9 +475,15 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             self.session.borrow_mut().connection_lost();
             self.dispatch();
         }
-        self.closing.notify();
+        self.stop_reader();
         self.wake_writer.notify();
         self.wake_timer.notify();
+    }
+
+    /// End the read loop, now or at its next check.
+    fn stop_reader(&self) {
+        self.reader_stopped.set(true);
+        self.closing.notify();
     }
 
     /// Returns the outcome and, when stopping for a detach, the read half
@@ -515,7 +525,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                     r?;
                 }
             }
-            if self.closed.get() || self.detach.get() {
+            if self.closed.get() || self.reader_stopped.get() || self.detach.get() {
                 return Ok(());
             }
             if !self.session.borrow().h2().wants_read() {
@@ -647,7 +657,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         // `finish` (called by `run_halves` with this result) marks the
         // connection closed and lets the session fail its open calls; only
         // stop the reader here.
-        self.closing.notify();
+        self.stop_reader();
         result.map(|()| None)
     }
 
