@@ -1179,6 +1179,34 @@ pub async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Outp
     .await
 }
 
+/// Polls `a` and `b` until both finished; returns both outputs.
+pub async fn join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let mut a = pin!(a);
+    let mut b = pin!(b);
+    let (mut ra, mut rb) = (None, None);
+    poll_fn(|cx| {
+        if ra.is_none()
+            && let Poll::Ready(out) = a.as_mut().poll(cx)
+        {
+            ra = Some(out);
+        }
+        if rb.is_none()
+            && let Poll::Ready(out) = b.as_mut().poll(cx)
+        {
+            rb = Some(out);
+        }
+        match (ra.take(), rb.take()) {
+            (Some(x), Some(y)) => Poll::Ready((x, y)),
+            (x, y) => {
+                ra = x;
+                rb = y;
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
 /// Lets the other tasks of this worker run once: wakes itself and returns
 /// `Pending` a single time (monoio queues a woken task at the back).
 pub async fn yield_now() {
@@ -1407,6 +1435,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, Either::Right(2));
+    }
+
+    #[test]
+    fn join_waits_for_both_and_keeps_their_outputs() {
+        let out = block_on(Engine::Epoll, async {
+            join(
+                async {
+                    monoio::time::sleep(Duration::from_millis(5)).await;
+                    "slow"
+                },
+                async { 7 },
+            )
+            .await
+        })
+        .unwrap();
+        assert_eq!(out, ("slow", 7));
     }
 
     /// One test drives the build-failure hook, so runs never overlap.
