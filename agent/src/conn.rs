@@ -73,6 +73,9 @@ pub struct TunnelSettings {
     pub tunnel_low_water: usize,
     /// The state machine's limits.
     pub tunnel: TunnelConfig,
+    /// `--warn-on-channel-limit`: log (at debug level, upstream's V(2))
+    /// when an endpoint's queue reaches `endpoint_queue` payloads.
+    pub warn_on_queue_limit: bool,
 }
 
 impl Default for TunnelSettings {
@@ -84,6 +87,7 @@ impl Default for TunnelSettings {
             tunnel_high_water: 1 << 20,
             tunnel_low_water: 256 << 10,
             tunnel: TunnelConfig::default(),
+            warn_on_queue_limit: false,
         }
     }
 }
@@ -316,7 +320,14 @@ impl TunnelHandler {
                         continue;
                     }
                     q.push_back(data);
+                    let at_limit = q.len() == self.ctx.settings.endpoint_queue;
                     drop(q);
+                    if at_limit && self.ctx.settings.warn_on_queue_limit {
+                        tracing::debug!(
+                            connection_id = connect_id,
+                            "data queue of an endpoint is full"
+                        );
+                    }
                     ep.wake_writer.notify();
                 }
                 Action::Close { connect_id } => {

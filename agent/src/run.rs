@@ -222,6 +222,7 @@ impl AgentSettings {
             dial_timeout: DIAL_TIMEOUT,
             endpoint_queue: o.xfr_channel_size,
             stuck_timeout: e.stuck_timeout.unwrap_or(NEVER),
+            warn_on_queue_limit: o.warn_on_channel_limit,
             ..TunnelSettings::default()
         };
         let driver = DriverConfig {
@@ -656,16 +657,21 @@ impl Worker {
         monoio::spawn(self.clone().attempt(tunnel, cancel));
     }
 
-    /// Close tunnel `tunnel` if it is still here.
+    /// Close tunnel `tunnel` if it is still here. A tunnel still dialling
+    /// loses its slot, so it is dropped even if its dial completes in the
+    /// same instant.
     fn close(&self, tunnel: TunnelId) {
-        let handle = match self.slots.borrow().get(&tunnel) {
+        let mut slots = self.slots.borrow_mut();
+        let handle = match slots.get(&tunnel) {
             Some(Slot::Dialing(cancel)) => {
                 cancel.notify();
+                slots.remove(&tunnel);
                 None
             }
             Some(Slot::Running(h)) => Some(h.clone()),
             None => None,
         };
+        drop(slots);
         if let Some(h) = handle {
             let _ = h.with(|g, t| t.close(g));
         }
@@ -752,6 +758,8 @@ impl Worker {
             handler,
         );
         match race(open, cancel.notified()).await {
+            // Closed while dialling: the connection is dropped unused.
+            Either::Left(Ok(_)) if !self.slots.borrow().contains_key(&tunnel) => {}
             Either::Left(Ok((handle, stream))) => {
                 if self.draining.get() {
                     let _ = handle.with(|g, t| t.drain(g));

@@ -63,6 +63,7 @@ fn defaults_map_like_upstream() {
     assert_eq!(c.settings.dial_timeout, DIAL_TIMEOUT);
     assert_eq!(DIAL_TIMEOUT, Duration::from_secs(5));
     assert_eq!(c.settings.endpoint_queue, 150, "--xfr-channel-size");
+    assert!(!c.settings.warn_on_queue_limit);
     assert_eq!(c.settings.stuck_timeout, Duration::from_secs(120));
     assert_eq!(c.driver.write_timeout, Duration::from_secs(60));
     assert_eq!(s.sync.interval, Duration::from_secs(1));
@@ -109,6 +110,7 @@ fn every_flag_reaches_its_setting() {
         "--sync-interval-cap=30s".into(),
         "--sync-forever".into(),
         "--xfr-channel-size=7".into(),
+        "--warn-on-channel-limit".into(),
         "--health-server-host=127.0.0.1".into(),
         "--health-server-port=8133".into(),
         "--admin-bind-address=::1".into(),
@@ -137,6 +139,7 @@ fn every_flag_reaches_its_setting() {
     assert_eq!(c.token_path.as_deref(), Some(std::path::Path::new(&token)));
     assert_eq!(c.keepalive_time, Duration::from_secs(45));
     assert_eq!(c.settings.endpoint_queue, 7);
+    assert!(c.settings.warn_on_queue_limit);
     assert_eq!(c.settings.stuck_timeout, Duration::from_secs(10));
     assert!(
         c.driver.write_timeout > Duration::from_secs(300 * 24 * 3600),

@@ -189,3 +189,43 @@ fn a_server_that_never_answers_is_given_up_on() {
         assert_fds_back_to(fds, "after stopping the agent");
     }
 }
+
+/// A server whose accept queue is full never completes the TCP handshake:
+/// the attempt is given up while still dialling, and its socket closed.
+#[test]
+fn a_dial_that_never_connects_is_abandoned() {
+    let _serial = serial();
+    for engine in available_engines() {
+        // Backlog 1 and no accept: two connections fill the queue, and
+        // further SYNs are dropped.
+        let full =
+            konn_core::io::listen::bind_tcp("127.0.0.1:0".parse().unwrap(), 1, false).unwrap();
+        let address = full.local_addr().unwrap();
+        let fillers: Vec<_> = (0..3)
+            .filter_map(|_| {
+                std::net::TcpStream::connect_timeout(&address, Duration::from_millis(200)).ok()
+            })
+            .collect();
+        let probe = std::net::TcpStream::connect_timeout(&address, Duration::from_millis(300));
+        assert!(
+            probe.is_err(),
+            "the queue must be full ({} fillers)",
+            fillers.len()
+        );
+        let fds = open_fds();
+        let mut settings = agent_settings(engine, address.to_string(), "agent-blackhole");
+        settings.sync.header_timeout = Duration::from_millis(200);
+        settings.sync.interval = Duration::from_millis(20);
+        settings.sync.interval_cap = Duration::from_millis(40);
+        let agent = run::start(settings).unwrap();
+        assert!(
+            wait_until(T, || agent.status().failures >= 3),
+            "{:?}",
+            agent.status()
+        );
+        assert_eq!(agent.status().connected_servers, 0);
+        agent.stop().unwrap();
+        assert_fds_back_to(fds, "after abandoned dials");
+        drop(fillers);
+    }
+}
