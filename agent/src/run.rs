@@ -680,7 +680,12 @@ impl Worker {
     /// Send DRAIN on every tunnel here, and on those opened later.
     fn drain(&self) {
         self.draining.set(true);
-        for h in self.running() {
+        let running = self.running();
+        tracing::info!(
+            tunnels = running.len(),
+            "sending DRAIN to the proxy-servers"
+        );
+        for h in running {
             let _ = h.with(|g, t| t.drain(g));
         }
     }

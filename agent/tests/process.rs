@@ -99,8 +99,13 @@ impl Drop for Reaper {
 #[test]
 fn the_binary_runs_with_upstreams_rendered_flags_and_drains_then_exits() {
     let _serial = serial();
-    // The process picks its own engine (auto); the server runs on the
-    // first one available.
+    // As a manifest gives it (the process picks its engine: auto), then
+    // with konn's --io-engine=epoll added.
+    run_the_binary(&[]);
+    run_the_binary(&["--io-engine=epoll"]);
+}
+
+fn run_the_binary(extra: &[&str]) {
     let engine = available_engines()[0];
     let dir = TempDir::new("process");
     let pki = pki();
@@ -122,6 +127,7 @@ fn the_binary_runs_with_upstreams_rendered_flags_and_drains_then_exits() {
             "--admin-server-port" => format!("--admin-server-port={admin_port}"),
             _ => (*a).to_owned(),
         })
+        .chain(extra.iter().map(|a| (*a).to_owned()))
         .collect();
     let log_path = dir.path("agent.log");
     let log = std::fs::File::create(&log_path).unwrap();
@@ -187,6 +193,10 @@ fn the_binary_runs_with_upstreams_rendered_flags_and_drains_then_exits() {
     let text = logs();
     assert!(text.contains("received first signal"), "{text}");
     assert!(text.contains("received second signal"), "{text}");
+    for arg in extra {
+        let engine = arg.trim_start_matches("--io-engine=");
+        assert!(text.contains(&format!("engine={engine}")), "{text}");
+    }
 }
 
 #[test]
