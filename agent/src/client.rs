@@ -66,10 +66,12 @@ impl ConnectParams {
     }
 
     /// The HTTP/2 settings of a tunnel: grpc-go-compatible keepalive
-    /// (PermitWithoutStream, 20 s ack timeout), large receive windows.
+    /// (PermitWithoutStream, 20 s ack timeout; a zero `keepalive_time`
+    /// means no keepalive pings, as grpc-go reads `Time: 0`), large
+    /// receive windows.
     pub fn h2_config(&self) -> h2::Config {
         let mut c = h2::Config::new(Role::Client);
-        c.keepalive = Some(Keepalive {
+        c.keepalive = (!self.keepalive_time.is_zero()).then_some(Keepalive {
             interval: self.keepalive_time,
             timeout: Duration::from_secs(20),
             permit_without_stream: true,

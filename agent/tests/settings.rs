@@ -162,6 +162,16 @@ fn every_flag_reaches_its_setting() {
 }
 
 #[test]
+fn a_zero_keepalive_time_sends_no_pings() {
+    // grpc-go treats ClientParameters{Time: 0} as "never"; a zero interval
+    // must not turn into a ping after every frame.
+    let f = files();
+    let o = options(&[format!("--ca-cert={}", f.ca), "--keepalive-time=0s".into()]);
+    let s = AgentSettings::from_options(&o).unwrap();
+    assert!(s.h2_config().keepalive.is_none());
+}
+
+#[test]
 fn a_host_name_is_resolved_for_the_listeners() {
     let f = files();
     let o = options(&[
