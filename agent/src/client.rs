@@ -40,6 +40,10 @@ pub struct ConnectParams {
     pub driver: DriverConfig,
 }
 
+/// The shortest keepalive interval: grpc-go raises a smaller
+/// `ClientParameters.Time` (0 included) to 10 s, with a warning.
+pub const MIN_KEEPALIVE_TIME: Duration = Duration::from_secs(10);
+
 /// A tunnel's connection handle.
 pub type TunnelHandle = ConnHandle<Grpc, TunnelHandler>;
 
@@ -66,13 +70,13 @@ impl ConnectParams {
     }
 
     /// The HTTP/2 settings of a tunnel: grpc-go-compatible keepalive
-    /// (PermitWithoutStream, 20 s ack timeout; a zero `keepalive_time`
-    /// means no keepalive pings, as grpc-go reads `Time: 0`), large
-    /// receive windows.
+    /// (PermitWithoutStream, 20 s ack timeout, and an interval of at least
+    /// [`MIN_KEEPALIVE_TIME`], which grpc-go's `WithKeepaliveParams`
+    /// enforces for upstream's agent, 0 included), large receive windows.
     pub fn h2_config(&self) -> h2::Config {
         let mut c = h2::Config::new(Role::Client);
-        c.keepalive = (!self.keepalive_time.is_zero()).then_some(Keepalive {
-            interval: self.keepalive_time,
+        c.keepalive = Some(Keepalive {
+            interval: self.keepalive_time.max(MIN_KEEPALIVE_TIME),
             timeout: Duration::from_secs(20),
             permit_without_stream: true,
         });

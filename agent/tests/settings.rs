@@ -162,13 +162,21 @@ fn every_flag_reaches_its_setting() {
 }
 
 #[test]
-fn a_zero_keepalive_time_sends_no_pings() {
-    // grpc-go treats ClientParameters{Time: 0} as "never"; a zero interval
-    // must not turn into a ping after every frame.
+fn keepalive_times_below_ten_seconds_are_raised_like_grpc_go() {
+    // grpc-go's WithKeepaliveParams raises Time below 10 s, 0 included, to
+    // 10 s; a zero interval must never mean a PING after every frame.
     let f = files();
-    let o = options(&[format!("--ca-cert={}", f.ca), "--keepalive-time=0s".into()]);
-    let s = AgentSettings::from_options(&o).unwrap();
-    assert!(s.h2_config().keepalive.is_none());
+    for (flag, want) in [("0s", 10), ("1s", 10), ("10s", 10), ("45s", 45)] {
+        let o = options(&[
+            format!("--ca-cert={}", f.ca),
+            format!("--keepalive-time={flag}"),
+        ]);
+        let s = AgentSettings::from_options(&o).unwrap();
+        let ka = s.h2_config().keepalive.expect("always on, as upstream");
+        assert_eq!(ka.interval, Duration::from_secs(want), "{flag}");
+        assert_eq!(ka.timeout, Duration::from_secs(20));
+        assert!(ka.permit_without_stream);
+    }
 }
 
 #[test]
