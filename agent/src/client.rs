@@ -40,6 +40,10 @@ pub struct ConnectParams {
     pub driver: DriverConfig,
 }
 
+/// The shortest keepalive interval: grpc-go raises a smaller
+/// `ClientParameters.Time` (0 included) to 10 s, with a warning.
+pub const MIN_KEEPALIVE_TIME: Duration = Duration::from_secs(10);
+
 /// A tunnel's connection handle.
 pub type TunnelHandle = ConnHandle<Grpc, TunnelHandler>;
 
@@ -66,11 +70,13 @@ impl ConnectParams {
     }
 
     /// The HTTP/2 settings of a tunnel: grpc-go-compatible keepalive
-    /// (PermitWithoutStream, 20 s ack timeout), large receive windows.
+    /// (PermitWithoutStream, 20 s ack timeout, and an interval of at least
+    /// [`MIN_KEEPALIVE_TIME`], which grpc-go's `WithKeepaliveParams`
+    /// enforces for upstream's agent, 0 included), large receive windows.
     pub fn h2_config(&self) -> h2::Config {
         let mut c = h2::Config::new(Role::Client);
         c.keepalive = Some(Keepalive {
-            interval: self.keepalive_time,
+            interval: self.keepalive_time.max(MIN_KEEPALIVE_TIME),
             timeout: Duration::from_secs(20),
             permit_without_stream: true,
         });
@@ -85,6 +91,25 @@ pub async fn open_tunnel(
     pool: BufPool,
     report: Box<dyn FnMut(TunnelEvent)>,
 ) -> Result<(TunnelHandle, TcpStream), Error> {
+    let handler = TunnelHandler::new(params.settings.clone(), pool, report);
+    open_tunnel_with(
+        params,
+        params.h2_config(),
+        konn_frames::grpc::DEFAULT_MAX_RECV_MESSAGE_SIZE,
+        handler,
+    )
+    .await
+}
+
+/// [`open_tunnel`] with the caller's HTTP/2 settings (start from
+/// [`ConnectParams::h2_config`]), largest received gRPC message, and
+/// handler (e.g. one built with [`TunnelHandler::with_observer`]).
+pub async fn open_tunnel_with(
+    params: &ConnectParams,
+    h2: h2::Config,
+    max_message: u32,
+    handler: TunnelHandler,
+) -> Result<(TunnelHandle, TcpStream), Error> {
     let stream = dial_tcp(&params.address, params.connect_timeout)
         .await
         .map_err(|e| Error::Io(std::io::Error::other(go_dial_error(&params.address, &e))))?;
@@ -94,10 +119,9 @@ pub async fn open_tunnel(
     };
     let metadata = params.metadata()?;
     let grpc = Grpc::new(
-        Connection::new(params.h2_config(), konn_core::io::clock::now()),
-        konn_frames::grpc::DEFAULT_MAX_RECV_MESSAGE_SIZE,
+        Connection::new(h2, konn_core::io::clock::now()),
+        max_message,
     );
-    let handler = TunnelHandler::new(params.settings.clone(), pool, report);
     let handle = ConnHandle::new(grpc, tls, handler, params.driver);
     let authority = Bytes::from(params.address.clone());
     TunnelHandler::start(&handle, authority, &metadata)?;

@@ -23,6 +23,12 @@
 //!
 //! An idle endpoint holds no buffer: its reader waits for readability
 //! first and takes a pooled buffer only when there is data.
+//!
+//! **Observation.** A [`TunnelObserver`] (given to
+//! [`TunnelHandler::with_observer`]) is told about every packet sent and
+//! received, every dial's outcome and every endpoint's lifetime; the agent
+//! runtime turns these into upstream's metrics with per-core counters. It
+//! is called synchronously on the tunnel's worker, so it must be cheap.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -39,7 +45,7 @@ use konn_core::io::sock;
 use konn_core::proto::grpc::{Grpc, GrpcEvent};
 use konn_core::proto::h2::Headers;
 use konn_frames::GrpcStatus;
-use konn_frames::packet::{self, MAX_DATA_PAYLOAD, Packet};
+use konn_frames::packet::{self, MAX_DATA_PAYLOAD, Packet, PacketType};
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
 use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
@@ -67,6 +73,9 @@ pub struct TunnelSettings {
     pub tunnel_low_water: usize,
     /// The state machine's limits.
     pub tunnel: TunnelConfig,
+    /// `--warn-on-channel-limit`: log (at debug level, upstream's V(2))
+    /// when an endpoint's queue reaches `endpoint_queue` payloads.
+    pub warn_on_queue_limit: bool,
 }
 
 impl Default for TunnelSettings {
@@ -78,6 +87,7 @@ impl Default for TunnelSettings {
             tunnel_high_water: 1 << 20,
             tunnel_low_water: 256 << 10,
             tunnel: TunnelConfig::default(),
+            warn_on_queue_limit: false,
         }
     }
 }
@@ -110,6 +120,49 @@ pub struct TunnelCounters {
     pub dials: u64,
 }
 
+/// What happens on a tunnel, for metrics (see the module docs). Every
+/// method has an empty default.
+pub trait TunnelObserver {
+    /// A packet arrived from the server and decoded.
+    fn received(&self, _ty: PacketType) {}
+    /// A packet was queued for the server.
+    fn sent(&self, _ty: PacketType) {}
+    /// The Connect call ended with a non-OK status after the server had
+    /// accepted it (upstream counts such receive errors).
+    fn stream_error(&self, _status: GrpcStatus) {}
+    /// A destination dial connected after `elapsed`.
+    fn dial_succeeded(&self, _elapsed: Duration) {}
+    /// A destination dial failed (or was refused before dialling).
+    fn dial_failed(&self, _why: DialFailure) {}
+    /// An endpoint connection was established.
+    fn endpoint_opened(&self) {}
+    /// An endpoint connection's socket was released (both directions
+    /// done); every [`endpoint_opened`](Self::endpoint_opened) is matched
+    /// by exactly one of these.
+    fn endpoint_closed(&self) {}
+}
+
+/// The observer of a tunnel nobody watches.
+struct Unobserved;
+
+impl TunnelObserver for Unobserved {}
+
+/// Tells the observer when an endpoint's last task lets go of it.
+struct EndpointGuard(Rc<dyn TunnelObserver>);
+
+impl EndpointGuard {
+    fn new(observer: Rc<dyn TunnelObserver>) -> Self {
+        observer.endpoint_opened();
+        Self(observer)
+    }
+}
+
+impl Drop for EndpointGuard {
+    fn drop(&mut self) {
+        self.0.endpoint_closed();
+    }
+}
+
 /// Per-tunnel state the tasks share without owning the connection.
 struct Ctx {
     stream: Cell<u32>,
@@ -117,6 +170,7 @@ struct Ctx {
     writable: Broadcast,
     pool: BufPool,
     settings: TunnelSettings,
+    observer: Rc<dyn TunnelObserver>,
 }
 
 /// One endpoint (dialled destination connection).
@@ -130,6 +184,8 @@ struct Endpoint {
     /// Drop everything now (stuck).
     abort: Notify,
     aborted: Cell<bool>,
+    /// Reports the endpoint closed when the last task drops it.
+    _open: EndpointGuard,
 }
 
 impl Endpoint {
@@ -168,6 +224,17 @@ impl TunnelHandler {
         pool: BufPool,
         report: Box<dyn FnMut(TunnelEvent)>,
     ) -> Self {
+        Self::with_observer(settings, pool, report, Rc::new(Unobserved))
+    }
+
+    /// A handler reporting lifecycle events to `report` and its traffic to
+    /// `observer`.
+    pub fn with_observer(
+        settings: TunnelSettings,
+        pool: BufPool,
+        report: Box<dyn FnMut(TunnelEvent)>,
+        observer: Rc<dyn TunnelObserver>,
+    ) -> Self {
         Self {
             tunnel: Tunnel::new(settings.tunnel),
             ctx: Rc::new(Ctx {
@@ -175,6 +242,7 @@ impl TunnelHandler {
                 writable: Broadcast::new(),
                 pool,
                 settings,
+                observer,
             }),
             endpoints: HashMap::new(),
             dials: HashMap::new(),
@@ -221,11 +289,21 @@ impl TunnelHandler {
         self.apply(grpc);
     }
 
+    /// Close the tunnel from this side: cancel the Connect call and shut
+    /// the connection down (a duplicate server, a server that does not
+    /// answer in time, the agent stopping). Endpoints are closed when the
+    /// connection ends ([`TunnelEvent::Closed`] follows).
+    pub fn close(&mut self, grpc: &mut Grpc) {
+        grpc.cancel(self.ctx.stream.get());
+        grpc.conn_mut().shutdown();
+    }
+
     /// Perform the state machine's actions.
     fn apply(&mut self, grpc: &mut Grpc) {
         while let Some(action) = self.tunnel.poll_action() {
             match action {
                 Action::ToServer(p) => {
+                    self.ctx.observer.sent(p.ty());
                     let mut b = BytesMut::with_capacity(p.encoded_len() + 5);
                     p.encode_grpc(&mut b);
                     let _ = grpc.send_framed(self.ctx.stream.get(), b.freeze());
@@ -242,7 +320,14 @@ impl TunnelHandler {
                         continue;
                     }
                     q.push_back(data);
+                    let at_limit = q.len() == self.ctx.settings.endpoint_queue;
                     drop(q);
+                    if at_limit && self.ctx.settings.warn_on_queue_limit {
+                        tracing::debug!(
+                            connection_id = connect_id,
+                            "data queue of an endpoint is full"
+                        );
+                    }
                     ep.wake_writer.notify();
                 }
                 Action::Close { connect_id } => {
@@ -270,6 +355,7 @@ impl TunnelHandler {
                     }
                 }
                 Action::DialFailed(why) => {
+                    self.ctx.observer.dial_failed(why);
                     self.counters.dial_failures[usize::from(why == DialFailure::Unknown)] += 1;
                 }
                 Action::DialSucceeded => self.counters.dials += 1,
@@ -339,6 +425,7 @@ impl Handler<Grpc> for TunnelHandler {
             GrpcEvent::Message { id, msg, flow, .. } => {
                 match Packet::decode(&msg) {
                     Ok(p) => {
+                        self.ctx.observer.received(p.ty());
                         self.tunnel.server_packet(p);
                         self.apply(grpc);
                     }
@@ -356,6 +443,7 @@ impl Handler<Grpc> for TunnelHandler {
                 if !self.connected {
                     (self.report)(TunnelEvent::Rejected(format!("{status}: {message}")));
                 } else if status != GrpcStatus::OK {
+                    self.ctx.observer.stream_error(status);
                     tracing::info!(%status, %message, "tunnel closed by the server");
                 }
                 self.shut_everything();
@@ -383,6 +471,7 @@ async fn dial(
     address: String,
     cancel: Rc<Notify>,
 ) {
+    let started = konn_core::io::clock::now();
     let result = race(
         dial_tcp(&address, ctx.settings.dial_timeout),
         cancel.notified(),
@@ -400,6 +489,8 @@ async fn dial(
                 if !h.tunnel.dial_succeeded(connect_id) {
                     return; // cancelled meanwhile; the socket drops
                 }
+                ctx.observer
+                    .dial_succeeded(konn_core::io::clock::now().saturating_duration_since(started));
                 let ep = Rc::new(Endpoint {
                     connect_id,
                     queue: RefCell::new(VecDeque::new()),
@@ -408,6 +499,7 @@ async fn dial(
                     stop_reader: Notify::new(),
                     abort: Notify::new(),
                     aborted: Cell::new(false),
+                    _open: EndpointGuard::new(ctx.observer.clone()),
                 });
                 h.endpoints.insert(connect_id, ep.clone());
                 // DIAL_RSP is queued before any DATA the reader produces.
@@ -489,7 +581,9 @@ async fn read_endpoint(
         packet::encode_data_header(ep.connect_id, n, &mut &mut buf[start..HEADROOM]);
         let framed = buf.freeze().slice(start..HEADROOM + n);
         let Some(handle) = me.upgrade() else { return };
-        let _ = handle.with(|g, _| g.send_framed(stream, framed));
+        if let Ok(Ok(())) = handle.with(|g, _| g.send_framed(stream, framed)) {
+            ctx.observer.sent(PacketType::Data);
+        }
     }
 }
 

@@ -8,10 +8,15 @@
 //! - [`conn`]: one tunnel on a socket, with the endpoints it relays.
 //! - [`client`]: opening a tunnel (dial, TLS, HTTP/2, the Connect call).
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints.
+//! - [`sync`]: which servers to hold tunnels to, and when to dial (sans-IO).
+//! - [`run`]: the running agent: workers, tunnels, sync loop, DRAIN, the
+//!   health and admin ports.
 
 pub mod client;
 pub mod conn;
 pub mod health;
 pub mod metrics;
 pub mod options;
+pub mod run;
+pub mod sync;
 pub mod tunnel;
