@@ -1,20 +1,23 @@
 //! Opening one tunnel to a proxy-server: dial, TLS, the HTTP/2 connection
 //! and the `/AgentService/Connect` call with the agent's metadata.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use konn_core::Error;
 use konn_core::io::driver::{ConnHandle, DriverConfig};
+use konn_core::io::notify::Notify;
 use konn_core::io::pool::BufPool;
 use konn_core::io::resolve::{dial_tcp, go_dial_error};
+use konn_core::io::runtime::{Either, race};
 use konn_core::io::tls::ClientTls;
 use konn_core::proto::grpc::Grpc;
 use konn_core::proto::h2::{self, Connection, Headers, Keepalive, Role};
 use monoio::net::TcpStream;
 
-use crate::conn::{TunnelEvent, TunnelHandler, TunnelSettings};
+use crate::conn::{TunnelEvent, TunnelHandler, TunnelObserver, TunnelSettings};
 
 /// Everything needed to open tunnels to one server address.
 #[derive(Clone)]
@@ -128,12 +131,57 @@ pub async fn open_tunnel_with(
     Ok((handle, stream))
 }
 
-/// Open a tunnel and run it to its end. Returns the error that ended it.
+/// How long [`run_tunnel`] waits for the endpoints of an ended tunnel to
+/// let go of their sockets.
+const ENDPOINTS_GONE_WAIT: Duration = Duration::from_secs(2);
+
+/// Open a tunnel and run it to its end. Returns the error that ended it,
+/// once its endpoints have closed their sockets too (bounded by
+/// [`ENDPOINTS_GONE_WAIT`]), so nothing of the tunnel outlives the call.
 pub async fn run_tunnel(
     params: Rc<ConnectParams>,
     pool: BufPool,
     report: Box<dyn FnMut(TunnelEvent)>,
 ) -> Result<(), Error> {
-    let (handle, stream) = open_tunnel(&params, pool, report).await?;
-    handle.run(stream).await
+    let live = Rc::new(LiveEndpoints::default());
+    let handler = TunnelHandler::with_observer(params.settings.clone(), pool, report, live.clone());
+    let (handle, stream) = open_tunnel_with(
+        &params,
+        params.h2_config(),
+        konn_frames::grpc::DEFAULT_MAX_RECV_MESSAGE_SIZE,
+        handler,
+    )
+    .await?;
+    let result = handle.run(stream).await;
+    let deadline = monoio::time::Instant::now() + ENDPOINTS_GONE_WAIT;
+    while live.open.get() > 0 {
+        if let Either::Right(()) =
+            race(live.gone.notified(), monoio::time::sleep_until(deadline)).await
+        {
+            tracing::warn!(
+                open = live.open.get(),
+                "endpoints still open after their tunnel ended"
+            );
+            break;
+        }
+    }
+    result
+}
+
+/// Counts a tunnel's open endpoints for [`run_tunnel`].
+#[derive(Default)]
+struct LiveEndpoints {
+    open: Cell<usize>,
+    gone: Notify,
+}
+
+impl TunnelObserver for LiveEndpoints {
+    fn endpoint_opened(&self) {
+        self.open.set(self.open.get() + 1);
+    }
+
+    fn endpoint_closed(&self) {
+        self.open.set(self.open.get().saturating_sub(1));
+        self.gone.notify();
+    }
 }

@@ -121,7 +121,7 @@ fn run_batch(engine: Engine, addr: std::net::SocketAddr, size: usize, n: u64) ->
                 g.start_call(
                     "http",
                     Bytes::from_static(b"bench"),
-                    Bytes::from_static(b"/agent.ProxyService/Proxy"),
+                    Bytes::from_static(b"/ProxyService/Proxy"),
                     &Headers::new(),
                 )
             })

@@ -62,7 +62,8 @@ impl Destination {
 
     /// Answers each HTTP/1.1 request with `200 OK` and a short text body
     /// naming the request path and the body size asked for with
-    /// `?bytes=N` (N bytes of `x` follow the text).
+    /// `?bytes=N` (N bytes of `x` follow the text); closes after a request
+    /// with `Connection: close`.
     pub fn http() -> std::io::Result<Self> {
         Self::start("dest-http", |mut s| {
             let mut buf = Vec::new();
@@ -100,6 +101,10 @@ impl Destination {
                         return;
                     }
                     left -= n;
+                }
+                if head.to_ascii_lowercase().contains("\r\nconnection: close") {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    return;
                 }
             }
         })

@@ -1,6 +1,6 @@
 //! A Konnectivity frontend client in the shape of upstream's
 //! `konnectivity-client`: one HTTP/2 connection to proxy-server's frontend
-//! (Unix socket, or TCP with mTLS), one `/agent.ProxyService/Proxy` call per
+//! (Unix socket, or TCP with mTLS), one `/ProxyService/Proxy` call per
 //! dial, `DIAL_REQ` → `DIAL_RSP`, then `DATA` both ways and `CLOSE_REQ` →
 //! `CLOSE_RSP`. Used by the demo, process-level tests and benchmarks; it
 //! runs on a monoio runtime.
@@ -33,7 +33,7 @@ pub const SEND_QUEUE_LIMIT: usize = 256 * 1024;
 pub const MAX_DATA: usize = 16 * 1024 - 64;
 
 /// The `:path` of upstream's proxy service.
-const PROXY_PATH: &str = "/agent.ProxyService/Proxy";
+const PROXY_PATH: &str = "/ProxyService/Proxy";
 
 /// What went wrong on the frontend side.
 #[derive(Debug)]
@@ -132,23 +132,39 @@ impl Handler<Grpc> for FrontendHandler {
     }
 }
 
-/// One HTTP/2 connection to a proxy-server frontend.
+/// One HTTP/2 connection to a proxy-server frontend. End it with
+/// [`GrpcFrontend::close`] before the runtime stops: a connection task
+/// still pending when a monoio runtime is dropped is never freed, and
+/// neither is its socket.
 pub struct GrpcFrontend {
     h: ConnHandle<Grpc, FrontendHandler>,
+    task: monoio::task::JoinHandle<Result<(), konn_core::Error>>,
     closed: Rc<Cell<bool>>,
     next_random: Cell<i64>,
 }
 
+/// How long [`GrpcFrontend::close`] waits for a graceful end.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 impl GrpcFrontend {
-    fn new() -> Self {
+    fn start<IO>(io: IO, tls: Option<konn_core::io::tls::TlsLayer>) -> Self
+    where
+        IO: monoio::io::Splitable + 'static,
+        IO::OwnedRead: monoio::io::AsyncReadRent + 'static,
+        IO::OwnedWrite: monoio::io::AsyncWriteRent + 'static,
+    {
         let handler = FrontendHandler::default();
         let closed = handler.closed.clone();
         let grpc = Grpc::new(
             Connection::new(Config::new(Role::Client), konn_core::io::clock::now()),
             konn_frames::grpc::DEFAULT_MAX_RECV_MESSAGE_SIZE,
         );
+        let h = ConnHandle::new(grpc, tls, handler, DriverConfig::default());
+        let run = h.clone();
+        let task = monoio::spawn(async move { run.run(io).await });
         Self {
-            h: ConnHandle::new(grpc, None, handler, DriverConfig::default()),
+            h,
+            task,
             closed,
             next_random: Cell::new(1),
         }
@@ -159,10 +175,7 @@ impl GrpcFrontend {
         let sock = monoio::net::UnixStream::connect(path)
             .await
             .map_err(konn_core::Error::Io)?;
-        let me = Self::new();
-        let h = me.h.clone();
-        monoio::spawn(async move { h.run(sock).await });
-        Ok(me)
+        Ok(Self::start(sock, None))
     }
 
     /// Connect over TCP with TLS (`--server-port` with `--server-cert`).
@@ -170,20 +183,7 @@ impl GrpcFrontend {
         let sock = monoio::net::TcpStream::connect(addr)
             .await
             .map_err(konn_core::Error::Io)?;
-        let grpc = Grpc::new(
-            Connection::new(Config::new(Role::Client), konn_core::io::clock::now()),
-            konn_frames::grpc::DEFAULT_MAX_RECV_MESSAGE_SIZE,
-        );
-        let handler = FrontendHandler::default();
-        let closed = handler.closed.clone();
-        let h = ConnHandle::new(grpc, Some(tls.layer()?), handler, DriverConfig::default());
-        let run = h.clone();
-        monoio::spawn(async move { run.run(sock).await });
-        Ok(Self {
-            h,
-            closed,
-            next_random: Cell::new(1),
-        })
+        Ok(Self::start(sock, Some(tls.layer()?)))
     }
 
     /// Open a Proxy call and dial `address` (`host:port`) through the
@@ -235,9 +235,15 @@ impl GrpcFrontend {
         }
     }
 
-    /// Close the connection (calls still open are cancelled).
-    pub fn close(&self) {
+    /// Close the connection and wait until its task has ended (GOAWAY
+    /// first; after [`CLOSE_WAIT`] the connection is cut).
+    pub async fn close(self) {
         self.h.shutdown();
+        let mut task = std::pin::pin!(self.task);
+        if let Either::Right(()) = race(task.as_mut(), monoio::time::sleep(CLOSE_WAIT)).await {
+            self.h.abort();
+            let _ = task.await;
+        }
     }
 }
 

@@ -34,7 +34,7 @@ use monoio::net::{TcpStream, UnixStream};
 
 use crate::backends::BackendId;
 use crate::router::{FrontendId, FrontendKind};
-use crate::worker::{FrontendRef, Worker, bump};
+use crate::worker::{FrontendRef, Stop, Worker, bump};
 
 /// Room in front of a read for the gRPC prefix and the DATA packet header.
 const HEADROOM: usize = 32;
@@ -176,6 +176,13 @@ impl ConnectFrontend {
     pub fn close(&self) {
         self.closed.set(true);
         self.wake.notify();
+    }
+
+    /// The server is stopping: drop what is queued and end now.
+    pub fn abort(&self) {
+        self.queue.borrow_mut().clear();
+        self.queued.set(0);
+        self.close();
     }
 }
 
@@ -391,6 +398,16 @@ pub async fn read_head(wire: &mut Wire, timeout: Duration) -> Head {
 pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
     let fid = worker.next_id();
     let cf = Rc::new(ConnectFrontend::new());
+    let weak = Rc::downgrade(&cf);
+    worker.connections.borrow_mut().insert(
+        fid,
+        Box::new(move |how| {
+            // CONNECT has no GOAWAY: a graceful stop lets it finish.
+            if let (Stop::Now, Some(cf)) = (how, weak.upgrade()) {
+                cf.abort();
+            }
+        }),
+    );
     worker
         .router
         .borrow_mut()
@@ -419,6 +436,7 @@ pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
     worker.apply();
     worker.publish();
     wire.close().await;
+    worker.connections.borrow_mut().remove(&fid);
     bump(&worker.shared.http_connections, false);
     worker.metrics.http_connections().dec();
 }

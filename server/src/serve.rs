@@ -28,7 +28,7 @@ use konn_core::io::listen::bind_tcp;
 use konn_core::io::listen::{
     TcpListeners, UnixListenOptions, accept_loop, bind_unix, tcp_into_monoio, unix_into_monoio,
 };
-use konn_core::io::runtime::{StopToken, Stopper, WorkerCtx, Workers};
+use konn_core::io::runtime::{Either, StopToken, Stopper, WorkerCtx, Workers, race};
 use konn_core::io::tls::TlsLayer;
 use konn_core::io::xcore::{DetachedTcp, DetachedUnix, detach_tcp, detach_unix};
 use konn_core::proto::grpc::Grpc;
@@ -49,7 +49,7 @@ use crate::health::{BackendIdentifiers, BackendInfo};
 use crate::metrics::{ServerMetrics, Strategy as MetricStrategy};
 use crate::router::{Router, RouterConfig};
 use crate::settings::{FrontendListen, Mode, ServerSettings};
-use crate::worker::{Msg, Outbox, Shared, Worker};
+use crate::worker::{Msg, Outbox, Shared, Stop, Worker};
 
 /// A socket in transit between workers.
 pub enum MovingFd {
@@ -334,10 +334,10 @@ async fn worker_main(
         .and_then(|l| tcp_into_monoio(l).ok())
     {
         let (w, a, s) = (worker.clone(), announce.clone(), stop.clone());
-        monoio::spawn(async move {
+        worker.spawn(async move {
             let _ = accept_loop(&l, &s, |sock: TcpStream| {
                 let _ = sock.set_nodelay(true);
-                monoio::spawn(serve_agent(w.clone(), sock, a.clone()));
+                w.spawn(serve_agent(w.clone(), sock, a.clone()));
             })
             .await;
         });
@@ -357,10 +357,10 @@ async fn worker_main(
         && let Some(l) = tcp.take(index).and_then(|l| tcp_into_monoio(l).ok())
     {
         let (w, m, s) = (worker.clone(), migrate.clone(), stop.clone());
-        monoio::spawn(async move {
+        worker.spawn(async move {
             let _ = accept_loop(&l, &s, |sock: TcpStream| {
                 let _ = sock.set_nodelay(true);
-                monoio::spawn(serve_frontend(w.clone(), FrontSock::Tcp(sock), m.clone()));
+                w.spawn(serve_frontend(w.clone(), FrontSock::Tcp(sock), m.clone()));
             })
             .await;
         });
@@ -369,9 +369,9 @@ async fn worker_main(
         && let Some(l) = unix.try_clone().ok().and_then(|l| unix_into_monoio(l).ok())
     {
         let (w, m, s) = (worker.clone(), migrate.clone(), stop.clone());
-        monoio::spawn(async move {
+        worker.spawn(async move {
             let _ = accept_loop(&l, &s, |sock: UnixStream| {
-                monoio::spawn(serve_frontend(w.clone(), FrontSock::Unix(sock), m.clone()));
+                w.spawn(serve_frontend(w.clone(), FrontSock::Unix(sock), m.clone()));
             })
             .await;
         });
@@ -389,24 +389,48 @@ async fn worker_main(
                 }
                 Msg::BackendDraining(id) => w.router.borrow_mut().directory_mut().set_draining(id),
                 Msg::Adopt(m2) => {
-                    monoio::spawn(adopt(w.clone(), *m2, m.clone()));
+                    w.spawn(adopt(w.clone(), *m2, m.clone()));
                 }
-                Msg::Shutdown => {
-                    // The closures only poke weak handles.
-                    let all: Vec<u64> = w.connections.borrow().keys().copied().collect();
-                    for id in all {
-                        let conns = w.connections.borrow();
-                        if let Some(f) = conns.get(&id) {
-                            f();
-                        }
-                    }
-                }
+                Msg::Shutdown => stop_connections(&w, Stop::Graceful),
             })
             .await;
     } else {
         worker_stop.stopped().await;
     }
+    // Stopping: close every connection now and wait (bounded) for their
+    // tasks, so nothing of this worker outlives its runtime.
+    worker.stopped.set(true);
+    worker.stopping.notify_all();
+    stop_connections(&worker, Stop::Now);
     stop.close().await;
+    let deadline = monoio::time::Instant::now() + STOP_WAIT;
+    while !worker.connections.borrow().is_empty() && monoio::time::Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let left = worker.connections.borrow().len();
+    if left > 0 {
+        tracing::warn!(
+            worker = index,
+            left,
+            "connections still open when the worker stopped"
+        );
+    }
+}
+
+/// How long a stopping worker waits for its tasks to end.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// Ask every connection of this worker to stop.
+fn stop_connections(worker: &Worker, how: Stop) {
+    // The closures only poke weak handles; a connection may end (and
+    // unregister) while others are asked, so look each one up again.
+    let all: Vec<u64> = worker.connections.borrow().keys().copied().collect();
+    for id in all {
+        let conns = worker.connections.borrow();
+        if let Some(f) = conns.get(&id) {
+            f(how);
+        }
+    }
 }
 
 /// Health and admin HTTP servers (on the worker that gets the listeners).
@@ -429,7 +453,7 @@ fn serve_http(worker: &Rc<Worker>, listeners: &Listeners, stop: &StopToken) {
         };
         let router = Rc::new(crate::health::health_router(readiness, registry.clone()));
         let stop = stop.clone();
-        monoio::spawn(async move {
+        worker.spawn(async move {
             let _ = http1::serve(&l, &stop, router, Rc::new(http1::Config::default())).await;
         });
     }
@@ -461,7 +485,7 @@ fn serve_http(worker: &Rc<Worker>, listeners: &Listeners, stop: &StopToken) {
         let profiling = worker.settings.enable_profiling;
         let router = Rc::new(crate::health::admin_router(registry, backends, profiling));
         let stop = stop.clone();
-        monoio::spawn(async move {
+        worker.spawn(async move {
             let _ = http1::serve(&l, &stop, router, Rc::new(http1::Config::default())).await;
         });
     }
@@ -473,9 +497,12 @@ fn register<H: Handler<Grpc> + 'static>(worker: &Worker, handle: &ConnHandle<Grp
     let weak = handle.downgrade();
     worker.connections.borrow_mut().insert(
         id,
-        Box::new(move || {
+        Box::new(move |how| {
             if let Some(h) = weak.upgrade() {
-                h.shutdown();
+                match how {
+                    Stop::Graceful => h.shutdown(),
+                    Stop::Now => h.abort(),
+                }
             }
         }),
     );
@@ -648,9 +675,17 @@ async fn run_grpc_frontend<IO: Movable>(
 }
 
 async fn connect_frontend(worker: Rc<Worker>, mut wire: Wire, migrate: Rc<dyn Fn(usize, Migrant)>) {
-    let target = match read_head(&mut wire, worker.settings.connect_header_timeout).await {
-        Head::Connect(t) => t,
-        Head::Done => return,
+    if worker.stopped.get() {
+        return;
+    }
+    let head = race(
+        read_head(&mut wire, worker.settings.connect_header_timeout),
+        worker.stopping.wait(),
+    )
+    .await;
+    let target = match head {
+        Either::Left(Head::Connect(t)) => t,
+        Either::Left(Head::Done) | Either::Right(()) => return,
     };
     let core = {
         let router = worker.router.borrow();

@@ -17,6 +17,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
@@ -155,6 +156,37 @@ pub struct Shared {
     pub shutting_down: std::sync::atomic::AtomicBool,
 }
 
+/// The number of a worker's live tasks (see [`Worker::spawn`]).
+#[derive(Default)]
+pub struct TaskCount {
+    /// Tasks not yet ended.
+    pub live: Cell<usize>,
+    /// Notified whenever a task ends.
+    pub ended: konn_core::io::notify::Notify,
+}
+
+/// Counts a task as ended when dropped (also when the task is cancelled).
+struct TaskDone(Rc<TaskCount>);
+
+impl Drop for TaskDone {
+    fn drop(&mut self) {
+        self.0.live.set(self.0.live.get() - 1);
+        self.0.ended.notify();
+    }
+}
+
+/// Asks one connection to stop.
+pub type StopFn = Box<dyn Fn(Stop)>;
+
+/// How a connection is asked to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Graceful shutdown: GOAWAY, calls in progress may finish.
+    Graceful,
+    /// The worker is stopping: close now.
+    Now,
+}
+
 /// Messages between server workers.
 pub enum Msg {
     /// A backend connected on another worker.
@@ -187,9 +219,17 @@ pub struct Worker {
     pub pool: BufPool,
     /// Process-wide counters.
     pub shared: Arc<Shared>,
-    /// Live connections of this worker: how to start each one's graceful
-    /// shutdown (GOAWAY).
-    pub connections: RefCell<HashMap<u64, Box<dyn Fn()>>>,
+    /// Live connections of this worker: how to stop each one (see
+    /// [`Stop`]). Every connection task registers here and removes itself
+    /// when it ends, so an empty map means no connection task is left.
+    pub connections: RefCell<HashMap<u64, StopFn>>,
+    /// Set, and `stopping` notified, when the worker stops: tasks not in
+    /// `connections` yet (reading a CONNECT head) end too.
+    pub stopped: Cell<bool>,
+    /// See `stopped`.
+    pub stopping: Broadcast,
+    /// Tasks started with [`Worker::spawn`] that have not ended.
+    pub tasks: Rc<TaskCount>,
     /// This core's metric slab.
     pub metrics: ServerCoreMetrics,
     /// The process-wide metrics (gauges set by whoever knows the value).
@@ -222,10 +262,25 @@ impl Worker {
             pool,
             shared,
             connections: RefCell::new(HashMap::new()),
+            stopped: Cell::new(false),
+            stopping: Broadcast::new(),
+            tasks: Rc::new(TaskCount::default()),
             metrics,
             all_metrics,
             forwarding: Cell::new(PacketType::Data),
         }
+    }
+
+    /// Start a task this worker waits for when it stops: a task still
+    /// pending when its runtime is dropped is never freed (its waker keeps
+    /// it alive), and neither are its sockets or the ring they use.
+    pub fn spawn<F: Future + 'static>(&self, fut: F) {
+        let count = self.tasks.clone();
+        count.live.set(count.live.get() + 1);
+        drop(monoio::spawn(async move {
+            let _done = TaskDone(count);
+            fut.await;
+        }));
     }
 
     /// A process-unique id (worker index in the top bits).

@@ -73,7 +73,7 @@ impl Demo {
             format!("--admin-port={}", self.ports.admin),
             "--server-count=1".into(),
             "--graceful-shutdown-timeout=5s".into(),
-            "-v=2".into(),
+            "-v=6".into(),
         ];
         let log = self.dir.join(format!("proxy-server-{mode}.log"));
         Ok(Proc::spawn(&procs::binary("proxy-server")?, &args, &log)?)
@@ -93,7 +93,7 @@ impl Demo {
             "--admin-bind-address=127.0.0.1".into(),
             format!("--admin-server-port={}", self.ports.agent_admin),
             "--sync-interval=200ms".into(),
-            "-v=2".into(),
+            "-v=6".into(),
         ];
         let log = self.dir.join("proxy-agent.log");
         Ok(Proc::spawn(&procs::binary("proxy-agent")?, &args, &log)?)
@@ -205,7 +205,14 @@ fn grpc_traffic(socket: &Path, http: SocketAddr, echo: SocketAddr) -> Result<()>
         let back = r?;
         let secs = start.elapsed().as_secs_f64();
         let got_hash = sha256_hex(&back);
-        ensure!(got_hash == sent_hash, "SHA-256 mismatch after the echo");
+        if got_hash != sent_hash {
+            let at = data.iter().zip(&back).position(|(a, b)| a != b);
+            bail!(
+                "SHA-256 mismatch after the echo: got {} of {} bytes, first difference at {at:?}",
+                back.len(),
+                data.len()
+            );
+        }
         println!(
             "      {} MiB sent and echoed back: SHA-256 {}… matches; {:.0} MiB/s each way",
             BULK >> 20,
@@ -213,7 +220,7 @@ fn grpc_traffic(socket: &Path, http: SocketAddr, echo: SocketAddr) -> Result<()>
             (BULK >> 20) as f64 / secs
         );
         t.close(TIMEOUT).await?;
-        fe.close();
+        fe.close().await;
         anyhow::Ok(())
     })?
 }
@@ -366,6 +373,15 @@ fn run(dir: &Path) -> Result<()> {
     );
 
     step(6, "shutdown");
+    // As upstream: the agent's first signal only drains (DRAIN to every
+    // server, no new dials), the second stops it.
+    agent.terminate();
+    std::thread::sleep(Duration::from_millis(300));
+    ensure!(
+        agent.is_running(),
+        "proxy-agent exited on its first SIGTERM"
+    );
+    println!("      proxy-agent: SIGTERM → draining (tells the servers, keeps open connections)");
     stop("proxy-agent", &mut agent)?;
     stop("proxy-server", &mut server)?;
     println!(

@@ -329,6 +329,16 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         let _ = self.with(|s, _| s.h2_mut().shutdown());
     }
 
+    /// End the connection now: open calls fail with [`Error::Aborted`],
+    /// output already produced is written (each write still bounded by the
+    /// write timeout), then the socket is shut down and every task of the
+    /// connection ends. Must not be called from inside its own handler.
+    pub fn abort(&self) {
+        if self.0.session.try_borrow_mut().is_ok() && self.0.handler.try_borrow_mut().is_ok() {
+            self.0.finish(Some(Error::Aborted));
+        }
+    }
+
     /// Drive the connection on `io` until it is finished. Returns the error
     /// that ended it, if any.
     pub async fn run<IO>(self, io: IO) -> Result<(), Error>

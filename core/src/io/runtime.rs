@@ -792,6 +792,7 @@ where
             mesh.close_inbox(index);
             stop.close().await;
             maintenance.await;
+            settle_io().await;
             if let Err(panic) = outcome {
                 std::panic::resume_unwind(panic);
             }
@@ -1289,7 +1290,25 @@ pub fn block_on<F: Future>(engine: Engine, future: F) -> Result<F::Output, Error
             source,
         }
     })?;
-    Ok(runtime.block_on(future))
+    Ok(runtime.block_on(async move {
+        let out = future.await;
+        settle_io().await;
+        out
+    }))
+}
+
+/// Lets the io driver finish operations that were cancelled: an in-flight
+/// operation dropped by its task (a read or accept raced against a stop)
+/// keeps its descriptor until the kernel's answer to the cancellation
+/// arrives. If the runtime ended first, that descriptor — and, under
+/// io_uring, the ring it waits on — would never be released. Parking the
+/// thread on the driver a couple of times collects those answers (they
+/// come at once: cancelling a pending accept or read does not wait). Call
+/// it as the last step of a runtime's main future, after its tasks ended.
+pub async fn settle_io() {
+    for _ in 0..2 {
+        monoio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 /// Engines usable on this machine: epoll always, io_uring if
