@@ -2,8 +2,21 @@
 //!
 //! Everything `proxy-agent` does lives here so tests can drive it in-process;
 //! `main.rs` only parses flags, sets up logging and starts it.
-//! Being built (issue "proxy-agent"); modules are added as they land.
+//!
+//! - [`options`]: the command line (every upstream v0.36 flag, konn's own).
+//! - [`tunnel`]: the per-tunnel protocol state machine (sans-IO).
+//! - [`conn`]: one tunnel on a socket, with the endpoints it relays.
+//! - [`client`]: opening a tunnel (dial, TLS, HTTP/2, the Connect call).
+//! - [`metrics`], [`health`]: upstream's metrics and endpoints.
+//! - [`sync`]: which servers to hold tunnels to, and when to dial (sans-IO).
+//! - [`run`]: the running agent: workers, tunnels, sync loop, DRAIN, the
+//!   health and admin ports.
 
+pub mod client;
+pub mod conn;
 pub mod health;
 pub mod metrics;
 pub mod options;
+pub mod run;
+pub mod sync;
+pub mod tunnel;

@@ -151,6 +151,8 @@ pub enum Error {
     KeepaliveTimeout,
     /// The peer closed the connection.
     ConnectionClosed,
+    /// This side closed the connection at once (a process stopping).
+    Aborted,
     /// All client stream ids are used up; open a new connection.
     StreamIdsExhausted,
     /// The connection is shutting down (GOAWAY): no new streams.
@@ -307,6 +309,7 @@ impl fmt::Display for Error {
             Self::Frame(e) => write!(f, "HTTP/2: {e}"),
             Self::KeepaliveTimeout => f.write_str("keepalive PING not acknowledged in time"),
             Self::ConnectionClosed => f.write_str("connection closed by the peer"),
+            Self::Aborted => f.write_str("connection closed locally (stopping)"),
             Self::StreamIdsExhausted => f.write_str("HTTP/2 stream ids exhausted"),
             Self::GoingAway => f.write_str("HTTP/2 connection is going away"),
             Self::TooManyStreams => f.write_str("peer's MAX_CONCURRENT_STREAMS reached"),

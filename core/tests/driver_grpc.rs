@@ -68,7 +68,7 @@ impl Handler<Grpc> for EchoServer {
                         .unwrap();
                 }
             }
-            GrpcEvent::Message { id, msg, flow } => {
+            GrpcEvent::Message { id, msg, flow, .. } => {
                 grpc.send_message(id, &msg).unwrap();
                 grpc.release(id, flow);
             }
@@ -93,7 +93,7 @@ impl Handler<Grpc> for Client {
             GrpcEvent::ResponseHeaders { metadata, .. } => {
                 *self.serverid.borrow_mut() = metadata.get(b"serverid").cloned();
             }
-            GrpcEvent::Message { id, msg, flow } => {
+            GrpcEvent::Message { id, msg, flow, .. } => {
                 grpc.release(id, flow);
                 self.got.borrow_mut().push(msg);
             }

@@ -20,8 +20,8 @@
 //! `agentid`) show that each end really checks. `interop/README.md`
 //! describes the peer and the packet recipe.
 //!
-//! The last section holds a (`#[ignore]`d) reproduction of a konn-core
-//! driver bug these runs exposed; see its doc comment.
+//! The last section holds the regression test of a driver bug these runs
+//! exposed (calls left open when the writer failed first).
 
 mod interop_support;
 mod tls_support;
@@ -647,12 +647,10 @@ impl konn_core::io::driver::Handler<Grpc> for FinishedProbe {
 /// when grpc-go hangs up mid-transfer), every open call must still end with
 /// a `Finished` event, as `Handler::on_close` promises.
 ///
-/// Fails today: `Conn::write_loop` sets `closed` itself on the way out, so
-/// `ConnHandle::run`'s later `Conn::finish` sees the connection already
-/// closed and skips `Session::connection_lost`; `Grpc::fail_all` never runs
-/// and the call is left open forever (`Grpc::calls() == 1`, no `Finished`).
+/// (It used to fail: `Conn::write_loop` marked the connection closed on its
+/// way out, so the later `Conn::finish` skipped `Session::connection_lost`
+/// and the call stayed open forever.)
 #[test]
-#[ignore = "konn-core bug (core/src/io/driver.rs): calls get no Finished when the writer fails first"]
 fn driver_finishes_calls_when_the_writer_fails_first() {
     use std::io::Write;
     let _serial = serial();

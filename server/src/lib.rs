@@ -2,8 +2,26 @@
 //!
 //! Everything `proxy-server` does lives here so tests can drive it in-process;
 //! `main.rs` only parses flags, sets up logging and starts it.
-//! Being built (issue "proxy-server"); modules are added as they land.
+//!
+//! - [`options`]: the command line (every upstream v0.36 flag, konn's own).
+//! - [`settings`]: run-time settings built from the options.
+//! - [`backends`]: the backend directory and the proxy strategies.
+//! - [`router`]: the per-core protocol state machine (sans-IO).
+//! - [`worker`]: one worker's state and the hand-off between connections.
+//! - [`agents`]: the agent port (`/AgentService/Connect` → backends).
+//! - [`frontend`]: gRPC frontends (`/ProxyService/Proxy` → frontends).
+//! - [`connect`]: HTTP CONNECT frontends.
+//! - [`serve`]: listeners, workers, cross-core announcements, migration.
+//! - [`metrics`], [`health`]: upstream's metrics and endpoints.
 
+pub mod agents;
+pub mod backends;
+pub mod connect;
+pub mod frontend;
 pub mod health;
 pub mod metrics;
 pub mod options;
+pub mod router;
+pub mod serve;
+pub mod settings;
+pub mod worker;

@@ -1,14 +1,24 @@
-//! proxy-server: parses upstream's flags, sets up klog-style logging and
-//! validates the options. The runtime is not built yet, so after a
-//! successful check it says so and exits 1 rather than pretend to work.
+//! proxy-server: parses upstream's flags, sets up klog-style logging,
+//! validates the options, binds every listener and serves until SIGTERM or
+//! SIGINT.
 //!
-//! Exit codes: 0 for `--help`; 1 for bad flags, invalid options, features
-//! konn does not support yet, and (for now) every start.
+//! Shutdown follows upstream: the first signal stops accepting, sends
+//! GOAWAY and waits up to `--graceful-shutdown-timeout` for the frontends
+//! to finish (0 = stop at once); a second signal exits 1 immediately.
+//!
+//! Exit codes: 0 for `--help` and after a shutdown; 1 for bad flags,
+//! invalid options, unreadable certificates, listeners that cannot bind,
+//! features konn does not support, and a second signal.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::Context;
+use konn_core::io::signals;
 use konn_core::log::{LogConfig, tracing};
 use konn_server::options::{self, ServerOptions};
+use konn_server::serve;
+use konn_server::settings::ServerSettings;
 
 fn main() -> ExitCode {
     let mut cmd = options::command();
@@ -45,8 +55,55 @@ fn main() -> ExitCode {
         }
         return ExitCode::FAILURE;
     }
-    tracing::error!(
-        "proxy-server: the options are valid, but the server runtime is not implemented yet in this build of konn"
-    );
-    ExitCode::FAILURE
+    match run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(opts: &ServerOptions) -> anyhow::Result<()> {
+    let settings = ServerSettings::from_options(opts)?;
+    let graceful = settings.graceful_shutdown_timeout;
+    // Before any worker thread exists, so every thread inherits the mask.
+    signals::block_shutdown_signals().context("blocking SIGTERM/SIGINT")?;
+    let server = serve::start(settings).context("starting the server")?;
+    match server.frontend_path() {
+        Some(path) => tracing::info!("frontend listening on unix socket {}", path.display()),
+        None => {
+            if let Some(addr) = server.frontend_addr() {
+                tracing::info!("frontend listening on {addr}");
+            }
+        }
+    }
+    tracing::info!("agent server listening on {}", server.agent_addr());
+    if let Some(addr) = server.health_addr() {
+        tracing::info!("health server listening on {addr}");
+    }
+    if let Some(addr) = server.admin_addr() {
+        tracing::info!("admin server listening on {addr}");
+    }
+
+    let signal = signals::wait_shutdown_signal().context("waiting for signals")?;
+    tracing::info!(?signal, "Shutting down server.");
+    // A second signal exits at once, as upstream's handler does.
+    std::thread::Builder::new()
+        .name("second-signal".into())
+        .spawn(|| {
+            if signals::wait_shutdown_signal().is_ok() {
+                tracing::warn!("second signal: exiting now");
+                std::process::exit(1);
+            }
+        })
+        .context("starting the signal thread")?;
+    if graceful == Duration::ZERO {
+        server.stop()?;
+    } else {
+        tracing::info!(timeout = ?graceful, "Initiating graceful shutdown.");
+        server.shutdown(graceful)?;
+    }
+    tracing::info!("server stopped");
+    Ok(())
 }

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Split, Splitable};
 
 use super::notify::Notify;
 use super::runtime::{Either, race};
@@ -91,6 +91,13 @@ pub trait Session {
     fn h2(&self) -> &Connection;
     /// The HTTP/2 connection underneath, mutably.
     fn h2_mut(&mut self) -> &mut Connection;
+    /// Events are waiting for [`Session::poll_event`].
+    fn has_events(&self) -> bool;
+    /// An inert value left behind when the real session is moved out of a
+    /// detached connection.
+    fn placeholder() -> Self
+    where
+        Self: Sized;
 }
 
 impl Session for Grpc {
@@ -115,6 +122,12 @@ impl Session for Grpc {
     }
     fn h2_mut(&mut self) -> &mut Connection {
         self.conn_mut()
+    }
+    fn has_events(&self) -> bool {
+        Self::has_events(self)
+    }
+    fn placeholder() -> Self {
+        Self::new(<Connection as Session>::placeholder(), 0)
     }
 }
 
@@ -141,12 +154,26 @@ impl Session for Connection {
     fn h2_mut(&mut self) -> &mut Connection {
         self
     }
+    fn has_events(&self) -> bool {
+        Self::has_events(self)
+    }
+    fn placeholder() -> Self {
+        Self::new(
+            crate::proto::h2::Config::new(crate::proto::h2::Role::Server),
+            super::clock::now(),
+        )
+    }
 }
 
 /// The application side of a connection running session `S`.
 pub trait Handler<S: Session> {
     /// One event. May issue commands on the session directly.
     fn on_event(&mut self, session: &mut S, event: S::Event);
+
+    /// Called after every batch of events and every `ConnHandle::with`:
+    /// the place to flush work other connections queued for this one while
+    /// it was busy.
+    fn after_dispatch(&mut self, _session: &mut S) {}
 
     /// The connection is finished (for gRPC: all calls have had their
     /// `Finished` event). Called once.
@@ -161,11 +188,34 @@ pub struct Conn<S, H> {
     wake_writer: Notify,
     wake_reader: Notify,
     wake_timer: Notify,
-    /// Stops a read in flight.
+    /// Stops a read in flight (see [`Conn::stop_reader`]).
     closing: Notify,
+    /// Latched with `closing`: the reader must end even if it was not
+    /// waiting when `closing` fired (a `Notify` holds one wake-up only).
+    reader_stopped: Cell<bool>,
     closed: Cell<bool>,
     error: RefCell<Option<Error>>,
     cfg: DriverConfig,
+    /// Stop at the next quiescent point and hand the connection over
+    /// (see [`ConnHandle::run_detachable`]).
+    detach: Rc<Cell<bool>>,
+    /// Input already read, for a resumed connection: (raw or ciphertext,
+    /// plaintext).
+    initial_input: RefCell<Option<(BytesMut, BytesMut)>>,
+}
+
+/// A connection stopped by [`ConnHandle::run_detachable`] between two
+/// reads, with nothing in flight: everything needed to continue it
+/// elsewhere (e.g. on another core, after `io::xcore` migration).
+pub struct Detached<IO, S> {
+    /// The socket.
+    pub io: IO,
+    /// The protocol state.
+    pub session: S,
+    /// The TLS state, if any.
+    pub tls: Option<TlsLayer>,
+    /// Bytes read but not yet processed: raw (or ciphertext) and plaintext.
+    pub input: (BytesMut, BytesMut),
 }
 
 /// A cheap, clonable reference to a running connection (same core only).
@@ -174,6 +224,36 @@ pub struct ConnHandle<S, H>(Rc<Conn<S, H>>);
 impl<S, H> Clone for ConnHandle<S, H> {
     fn clone(&self) -> Self {
         Self(self.0.clone())
+    }
+}
+
+/// A non-owning [`ConnHandle`]: what a connection's own handler keeps to
+/// give to the tasks it spawns, without keeping the connection alive.
+pub struct WeakConnHandle<S, H>(std::rc::Weak<Conn<S, H>>);
+
+impl<S, H> Clone for WeakConnHandle<S, H> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<S, H> Default for WeakConnHandle<S, H> {
+    fn default() -> Self {
+        Self(std::rc::Weak::new())
+    }
+}
+
+impl<S, H> WeakConnHandle<S, H> {
+    /// The connection, if it still exists.
+    pub fn upgrade(&self) -> Option<ConnHandle<S, H>> {
+        self.0.upgrade().map(ConnHandle)
+    }
+}
+
+impl<S, H> ConnHandle<S, H> {
+    /// A non-owning handle.
+    pub fn downgrade(&self) -> WeakConnHandle<S, H> {
+        WeakConnHandle(Rc::downgrade(&self.0))
     }
 }
 
@@ -188,10 +268,34 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             wake_reader: Notify::new(),
             wake_timer: Notify::new(),
             closing: Notify::new(),
+            reader_stopped: Cell::new(false),
             closed: Cell::new(false),
             error: RefCell::new(None),
             cfg,
+            detach: Rc::new(Cell::new(false)),
+            initial_input: RefCell::new(None),
         }))
+    }
+
+    /// A connection continuing a [`Detached`] one: `run` it on the socket
+    /// (re-attached on this core).
+    pub fn resume(
+        session: S,
+        tls: Option<TlsLayer>,
+        input: (BytesMut, BytesMut),
+        handler: H,
+        cfg: DriverConfig,
+    ) -> Self {
+        let h = Self::new(session, tls, handler, cfg);
+        *h.0.initial_input.borrow_mut() = Some(input);
+        h
+    }
+
+    /// The flag that asks [`ConnHandle::run_detachable`] to stop after the
+    /// input being processed now. Set it from the connection's handler
+    /// (while it handles an event), so no read is in flight.
+    pub fn detach_flag(&self) -> Rc<Cell<bool>> {
+        self.0.detach.clone()
     }
 
     /// Run `f` on the connection and its handler, then deliver the events it
@@ -225,6 +329,16 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         let _ = self.with(|s, _| s.h2_mut().shutdown());
     }
 
+    /// End the connection now: open calls fail with [`Error::Aborted`],
+    /// output already produced is written (each write still bounded by the
+    /// write timeout), then the socket is shut down and every task of the
+    /// connection ends. Must not be called from inside its own handler.
+    pub fn abort(&self) {
+        if self.0.session.try_borrow_mut().is_ok() && self.0.handler.try_borrow_mut().is_ok() {
+            self.0.finish(Some(Error::Aborted));
+        }
+    }
+
     /// Drive the connection on `io` until it is finished. Returns the error
     /// that ended it, if any.
     pub async fn run<IO>(self, io: IO) -> Result<(), Error>
@@ -234,11 +348,85 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         IO::OwnedWrite: AsyncWriteRent + 'static,
     {
         let (rd, wr) = io.into_split();
+        match self.run_halves(rd, wr).await {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => Err(Error::H2Usage(
+                "detach requested on a connection run with run()",
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Like [`ConnHandle::run`], but if the handler sets the
+    /// [`detach flag`](ConnHandle::detach_flag), the connection stops once
+    /// its pending output is written, with no read in flight, and is
+    /// returned whole instead of being closed. The handler's `on_close` is
+    /// not called then.
+    pub async fn run_detachable<IO>(self, io: IO) -> Result<Option<Detached<IO, S>>, Error>
+    where
+        IO: Split + AsyncReadRent + AsyncWriteRent + 'static,
+    {
+        let (rd, wr) = io.into_split();
+        match self.run_halves(rd, wr).await? {
+            None => Ok(None),
+            Some(Halted {
+                rd,
+                wr,
+                session,
+                tls,
+                input,
+            }) => {
+                let io = rd
+                    .reunite(wr)
+                    .map_err(|_| Error::H2Usage("socket halves do not match"))?;
+                Ok(Some(Detached {
+                    io,
+                    session,
+                    tls,
+                    input,
+                }))
+            }
+        }
+    }
+
+    async fn run_halves<R, W>(self, rd: R, wr: W) -> Result<Option<Halted<R, W, S>>, Error>
+    where
+        R: AsyncReadRent + 'static,
+        W: AsyncWriteRent + 'static,
+    {
         let conn = self.0.clone();
         let writer = monoio::spawn(async move { conn.write_loop(wr).await });
         let conn = self.0.clone();
         let timer = monoio::spawn(async move { conn.timer_loop().await });
-        let read_result = self.0.read_loop(rd).await;
+        let (read_result, rd, input) = self.0.read_loop(rd).await;
+        if read_result.is_ok() && self.0.detach.get() {
+            // Stop the writer once it has flushed, and the timer.
+            self.0.wake_writer.notify();
+            self.0.wake_timer.notify();
+            let write_result = writer.await;
+            timer.await;
+            if let (Ok(Some(wr)), Some(rd)) = (write_result, rd) {
+                let session =
+                    std::mem::replace(&mut *self.0.session.borrow_mut(), S::placeholder());
+                let tls = self.0.tls.borrow_mut().take();
+                self.0.closed.set(true);
+                return Ok(Some(Halted {
+                    rd,
+                    wr,
+                    session,
+                    tls,
+                    input,
+                }));
+            }
+            self.0
+                .finish(Some(Error::H2Usage("detach failed: the writer ended")));
+            return Err(self
+                .0
+                .error
+                .borrow_mut()
+                .take()
+                .unwrap_or(Error::ConnectionClosed));
+        }
         self.0.finish(read_result.err());
         let write_result = writer.await;
         self.0.finish(write_result.err());
@@ -253,9 +441,18 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         }
         match err {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => Ok(None),
         }
     }
+}
+
+/// What `run_halves` hands back on a detach.
+struct Halted<R, W, S> {
+    rd: R,
+    wr: W,
+    session: S,
+    tls: Option<TlsLayer>,
+    input: (BytesMut, BytesMut),
 }
 
 impl<S: Session, H: Handler<S>> Conn<S, H> {
@@ -266,8 +463,16 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         else {
             return; // already dispatching further up the stack
         };
-        while let Some(ev) = session.poll_event() {
-            handler.on_event(&mut session, ev);
+        loop {
+            while let Some(ev) = session.poll_event() {
+                handler.on_event(&mut session, ev);
+            }
+            handler.after_dispatch(&mut session);
+            // Flushing may have produced events (e.g. a send made a stream
+            // writable); deliver them too.
+            if !session.has_events() {
+                break;
+            }
         }
     }
 
@@ -280,19 +485,44 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             self.session.borrow_mut().connection_lost();
             self.dispatch();
         }
-        self.closing.notify();
+        self.stop_reader();
         self.wake_writer.notify();
         self.wake_timer.notify();
     }
 
-    async fn read_loop<R: AsyncReadRent>(&self, mut rd: R) -> Result<(), Error> {
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
-        let mut plain = BytesMut::new();
+    /// End the read loop, now or at its next check.
+    fn stop_reader(&self) {
+        self.reader_stopped.set(true);
+        self.closing.notify();
+    }
+
+    /// Returns the outcome and, when stopping for a detach, the read half
+    /// and the unprocessed input.
+    async fn read_loop<R: AsyncReadRent>(
+        &self,
+        rd: R,
+    ) -> (Result<(), Error>, Option<R>, (BytesMut, BytesMut)) {
+        let (mut buf, mut plain) = self
+            .initial_input
+            .borrow_mut()
+            .take()
+            .unwrap_or_else(|| (BytesMut::with_capacity(READ_CHUNK), BytesMut::new()));
+        let mut rd = Some(rd);
+        let r = self.read_inner(&mut rd, &mut buf, &mut plain).await;
+        (r, rd, (buf, plain))
+    }
+
+    async fn read_inner<R: AsyncReadRent>(
+        &self,
+        rd: &mut Option<R>,
+        buf: &mut BytesMut,
+        plain: &mut BytesMut,
+    ) -> Result<(), Error> {
         let tls = self.tls.borrow().is_some();
         loop {
             // Process what is buffered first (reading may have paused).
             if self.session.borrow().h2().wants_read() {
-                let input = if tls { &mut plain } else { &mut buf };
+                let input = if tls { &mut *plain } else { &mut *buf };
                 if !input.is_empty() {
                     let r = self
                         .session
@@ -305,7 +535,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                     r?;
                 }
             }
-            if self.closed.get() {
+            if self.closed.get() || self.reader_stopped.get() || self.detach.get() {
                 return Ok(());
             }
             if !self.session.borrow().h2().wants_read() {
@@ -314,19 +544,27 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             }
             if tls && !buf.is_empty() {
                 // Ciphertext rustls could not take yet (its buffer was full).
-                self.feed_tls(&mut buf, &mut plain)?;
+                self.feed_tls(buf, plain)?;
                 if !plain.is_empty() {
                     continue;
                 }
             }
             buf.reserve(READ_CHUNK);
             let len = buf.len();
-            let read = rd.read(buf.slice_mut(len..));
+            let Some(reader) = rd.as_mut() else {
+                return Ok(());
+            };
+            let owned = std::mem::take(buf);
+            let read = reader.read(owned.slice_mut(len..));
             let (res, slice) = match race(read, self.closing.notified()).await {
                 Either::Left(r) => r,
-                Either::Right(()) => return Ok(()),
+                Either::Right(()) => {
+                    // The read's buffer went with it; the connection is ending.
+                    *rd = None;
+                    return Ok(());
+                }
             };
-            buf = slice.into_inner();
+            *buf = slice.into_inner();
             let n = res.map_err(Error::Io)?;
             if n == 0 {
                 if let Some(t) = self.tls.borrow_mut().as_mut() {
@@ -335,7 +573,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 return Ok(());
             }
             if tls {
-                self.feed_tls(&mut buf, &mut plain)?;
+                self.feed_tls(buf, plain)?;
                 // A TLS handshake or key update may need an answer.
                 self.wake_writer.notify();
             }
@@ -366,7 +604,8 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         }
     }
 
-    async fn write_loop<W: AsyncWriteRent>(&self, mut wr: W) -> Result<(), Error> {
+    /// Returns the write half when stopping for a detach.
+    async fn write_loop<W: AsyncWriteRent>(&self, mut wr: W) -> Result<Option<W>, Error> {
         let mut plain = BytesMut::with_capacity(64 * 1024);
         let mut out = BytesMut::with_capacity(64 * 1024);
         let result = loop {
@@ -389,6 +628,9 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 std::mem::swap(&mut plain, &mut out);
             }
             if out.is_empty() {
+                if self.detach.get() && plain.is_empty() && !self.closed.get() {
+                    return Ok(Some(wr));
+                }
                 let done = self.session.borrow().h2().is_closed() || self.closed.get();
                 if done {
                     break Ok(());
@@ -422,15 +664,17 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             let _ = monoio::time::timeout(self.cfg.write_timeout, wr.write_all(out)).await;
         }
         let _ = wr.shutdown().await;
-        self.closing.notify();
-        self.closed.set(true);
-        result
+        // `finish` (called by `run_halves` with this result) marks the
+        // connection closed and lets the session fail its open calls; only
+        // stop the reader here.
+        self.stop_reader();
+        result.map(|()| None)
     }
 
     async fn timer_loop(&self) {
         let handshake_deadline = monoio::time::Instant::now() + self.cfg.handshake_timeout;
         loop {
-            if self.closed.get() {
+            if self.closed.get() || self.detach.get() {
                 return;
             }
             let handshaking = self

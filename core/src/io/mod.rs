@@ -20,6 +20,8 @@
 //! - [`driver`]: runs one HTTP/2 or gRPC session (optionally under TLS) on a
 //!   socket with reader, writer and timer tasks; [`notify`] wakes them and
 //!   [`clock`] is where drivers read the time.
+//! - [`resolve`]: dial addresses to sockets (DNS on the blocking pool) with
+//!   Go's error wording.
 //!
 //! Design notes: `docs/design/cross-core.md`, `docs/design/buffers.md`,
 //! `docs/design/tls.md`.
@@ -29,6 +31,9 @@ pub mod driver;
 pub mod listen;
 pub mod notify;
 pub mod pool;
+pub mod resolve;
 pub mod runtime;
+pub mod signals;
+pub mod sock;
 pub mod tls;
 pub mod xcore;

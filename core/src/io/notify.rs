@@ -58,6 +58,61 @@ impl Notify {
     }
 }
 
+/// A single-threaded wake-up for many waiters: [`Broadcast::notify_all`]
+/// wakes every task currently in [`Broadcast::wait`]. Waiters that arrive
+/// after a notification wait for the next one. The waker list keeps its
+/// capacity, so steady-state waits do not allocate.
+#[derive(Default)]
+pub struct Broadcast {
+    generation: Cell<u64>,
+    wakers: std::cell::RefCell<Vec<Waker>>,
+}
+
+impl std::fmt::Debug for Broadcast {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broadcast")
+            .field("generation", &self.generation.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Broadcast {
+    /// No waiters yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Wake every waiting task.
+    pub fn notify_all(&self) {
+        self.generation.set(self.generation.get().wrapping_add(1));
+        let mut wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        for w in wakers.drain(..) {
+            w.wake();
+        }
+        // Keep the allocation for the next round.
+        let mut slot = self.wakers.borrow_mut();
+        if slot.is_empty() {
+            *slot = wakers;
+        }
+    }
+
+    /// Wait for the next [`Broadcast::notify_all`].
+    pub async fn wait(&self) {
+        let start = self.generation.get();
+        poll_fn(|cx| {
+            if self.generation.get() != start {
+                return Poll::Ready(());
+            }
+            let mut wakers = self.wakers.borrow_mut();
+            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                wakers.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::rc::Rc;
@@ -75,6 +130,33 @@ mod tests {
             n.notify();
             n.notified().await; // consumes the (single) stored notification
             assert!(!n.set.get());
+        });
+    }
+
+    #[test]
+    fn broadcast_wakes_every_waiter() {
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let b = Rc::new(Broadcast::new());
+            let tasks: Vec<_> = (0..3)
+                .map(|i| {
+                    let b = b.clone();
+                    monoio::spawn(async move {
+                        b.wait().await;
+                        i
+                    })
+                })
+                .collect();
+            monoio::time::sleep(std::time::Duration::from_millis(1)).await;
+            b.notify_all();
+            let mut sum = 0;
+            for t in tasks {
+                sum += t.await;
+            }
+            assert_eq!(sum, 3);
         });
     }
 

@@ -792,6 +792,7 @@ where
             mesh.close_inbox(index);
             stop.close().await;
             maintenance.await;
+            settle_io().await;
             if let Err(panic) = outcome {
                 std::panic::resume_unwind(panic);
             }
@@ -834,6 +835,17 @@ enum EngineRuntime {
 #[cfg(test)]
 static FAIL_URING_BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Threads shared by every worker for the few blocking calls konn makes
+/// (name resolution through `getaddrinfo`); `monoio::spawn_blocking` runs
+/// on them.
+pub const BLOCKING_THREADS: usize = 2;
+
+fn blocking_pool() -> monoio::blocking::DefaultThreadPool {
+    static POOL: OnceLock<monoio::blocking::DefaultThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| monoio::blocking::DefaultThreadPool::new(BLOCKING_THREADS))
+        .clone()
+}
+
 impl EngineRuntime {
     fn build(engine: Engine, entries: u32) -> io::Result<Self> {
         #[cfg(test)]
@@ -849,12 +861,14 @@ impl EngineRuntime {
                 RuntimeBuilder::<IoUringDriver>::new()
                     .with_entries(entries)
                     .enable_timer()
+                    .attach_thread_pool(Box::new(blocking_pool()))
                     .build()?,
             ),
             Engine::Epoll => Self::Epoll(
                 RuntimeBuilder::<LegacyDriver>::new()
                     .with_entries(entries)
                     .enable_timer()
+                    .attach_thread_pool(Box::new(blocking_pool()))
                     .build()?,
             ),
         })
@@ -1166,6 +1180,34 @@ pub async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Outp
     .await
 }
 
+/// Polls `a` and `b` until both finished; returns both outputs.
+pub async fn join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let mut a = pin!(a);
+    let mut b = pin!(b);
+    let (mut ra, mut rb) = (None, None);
+    poll_fn(|cx| {
+        if ra.is_none()
+            && let Poll::Ready(out) = a.as_mut().poll(cx)
+        {
+            ra = Some(out);
+        }
+        if rb.is_none()
+            && let Poll::Ready(out) = b.as_mut().poll(cx)
+        {
+            rb = Some(out);
+        }
+        match (ra.take(), rb.take()) {
+            (Some(x), Some(y)) => Poll::Ready((x, y)),
+            (x, y) => {
+                ra = x;
+                rb = y;
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
 /// Lets the other tasks of this worker run once: wakes itself and returns
 /// `Pending` a single time (monoio queues a woken task at the back).
 pub async fn yield_now() {
@@ -1248,7 +1290,25 @@ pub fn block_on<F: Future>(engine: Engine, future: F) -> Result<F::Output, Error
             source,
         }
     })?;
-    Ok(runtime.block_on(future))
+    Ok(runtime.block_on(async move {
+        let out = future.await;
+        settle_io().await;
+        out
+    }))
+}
+
+/// Lets the io driver finish operations that were cancelled: an in-flight
+/// operation dropped by its task (a read or accept raced against a stop)
+/// keeps its descriptor until the kernel's answer to the cancellation
+/// arrives. If the runtime ended first, that descriptor — and, under
+/// io_uring, the ring it waits on — would never be released. Parking the
+/// thread on the driver a couple of times collects those answers (they
+/// come at once: cancelling a pending accept or read does not wait). Call
+/// it as the last step of a runtime's main future, after its tasks ended.
+pub async fn settle_io() {
+    for _ in 0..2 {
+        monoio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 /// Engines usable on this machine: epoll always, io_uring if
@@ -1394,6 +1454,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, Either::Right(2));
+    }
+
+    #[test]
+    fn join_waits_for_both_and_keeps_their_outputs() {
+        let out = block_on(Engine::Epoll, async {
+            join(
+                async {
+                    monoio::time::sleep(Duration::from_millis(5)).await;
+                    "slow"
+                },
+                async { 7 },
+            )
+            .await
+        })
+        .unwrap();
+        assert_eq!(out, ("slow", 7));
     }
 
     /// One test drives the build-failure hook, so runs never overlap.

@@ -480,7 +480,7 @@ impl Handler<Grpc> for GrpcApp {
                 self.live.insert(id, ());
                 let _ = grpc.accept(id, &Headers::new());
             }
-            GrpcEvent::Message { id, msg, flow } => {
+            GrpcEvent::Message { id, msg, flow, .. } => {
                 self.base
                     .counters
                     .body_bytes

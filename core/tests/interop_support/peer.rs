@@ -394,7 +394,7 @@ impl Handler<Grpc> for Exchange {
                     self.fail(grpc, id, why);
                 }
             }
-            GrpcEvent::Message { id, msg, flow } => {
+            GrpcEvent::Message { id, msg, flow, .. } => {
                 grpc.release(id, flow);
                 match self.receive(id, &msg) {
                     Ok(()) => self.maybe_finish(grpc, id),

@@ -47,6 +47,14 @@ impl TlsMinVersion {
         }
     }
 
+    /// The Go name of this minimum (`VersionTLS12`, `VersionTLS13`).
+    pub fn go_name(self) -> &'static str {
+        match self {
+            Self::Tls12 => "VersionTLS12",
+            Self::Tls13 => "VersionTLS13",
+        }
+    }
+
     /// The rustls protocol versions this minimum enables.
     pub fn versions(self) -> &'static [&'static SupportedProtocolVersion] {
         static TLS12_UP: [&SupportedProtocolVersion; 2] =

@@ -65,6 +65,10 @@ pub enum GrpcEvent {
         id: u32,
         /// The message (without its 5-byte prefix).
         msg: Bytes,
+        /// The message *with* its prefix, when it arrived in one piece (a
+        /// slice of the receive buffer, for forwarding without a copy);
+        /// `None` when it was reassembled from several frames.
+        framed: Option<Bytes>,
         /// Flow-control credit to return with [`Grpc::release`] once the
         /// message has been passed on.
         flow: usize,
@@ -185,8 +189,16 @@ impl Grpc {
         self.pump();
     }
 
+    /// Call events are waiting (including HTTP/2 events not yet translated).
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty() || self.conn.has_events()
+    }
+
     /// The next call event.
     pub fn poll_event(&mut self) -> Option<GrpcEvent> {
+        if self.events.is_empty() {
+            self.pump();
+        }
         self.events.pop_front()
     }
 
@@ -462,16 +474,19 @@ impl Grpc {
             self.conn.release_capacity(id, data.len());
             return;
         };
+        let whole = data.clone();
         loop {
             let before = data.len();
             match call.deframer.next(&mut data) {
                 Ok(Some(msg)) => {
                     let consumed = before - data.len();
+                    let framed = prefixed_slice(&whole, &msg);
                     // What was copied into the deframer earlier has already
                     // been released; this message owes what it took now.
                     self.events.push_back(GrpcEvent::Message {
                         id,
                         msg,
+                        framed,
                         flow: consumed,
                     });
                 }
@@ -605,6 +620,18 @@ impl Grpc {
             self.push_finished(id, GrpcStatus::UNAVAILABLE, reason.clone(), None);
         }
     }
+}
+
+/// If `msg` is a slice of `chunk` preceded there by its 5-byte prefix, that
+/// prefix and the message as one slice.
+fn prefixed_slice(chunk: &Bytes, msg: &Bytes) -> Option<Bytes> {
+    let base = chunk.as_ptr() as usize;
+    let start = (msg.as_ptr() as usize).checked_sub(base)?;
+    let end = start.checked_add(msg.len())?;
+    if start < wire::PREFIX_LEN || end > chunk.len() {
+        return None;
+    }
+    Some(chunk.slice(start - wire::PREFIX_LEN..end))
 }
 
 /// gRPC status for an HTTP status without `grpc-status` (gRPC spec,

@@ -344,3 +344,32 @@ fn http_error_without_grpc_status_is_mapped() {
         GrpcStatus::UNAVAILABLE
     );
 }
+
+#[test]
+fn framed_is_the_received_prefix_and_message() {
+    let mut s = Config::new(Role::Server);
+    s.max_frame_size = 16_384;
+    let mut p = Pair::with(Config::new(Role::Client), s, 4 << 20);
+    let id = p.start("/P/P");
+    p.drive();
+    p.client.send_message(id, b"small").unwrap();
+    p.client.send_message(id, &vec![7u8; 40_000]).unwrap(); // spans frames
+    p.drive();
+    let framed: Vec<(Bytes, Option<Bytes>)> = p
+        .server_events
+        .iter()
+        .filter_map(|e| match e {
+            GrpcEvent::Message { msg, framed, .. } => Some((msg.clone(), framed.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(framed.len(), 2);
+    let (msg, f) = &framed[0];
+    let f = f.as_ref().expect("one frame: zero-copy framed bytes");
+    assert_eq!(&f[..5], &[0, 0, 0, 0, 5]);
+    assert_eq!(&f[5..], &msg[..]);
+    assert!(
+        framed[1].1.is_none(),
+        "reassembled messages have no framed slice"
+    );
+}

@@ -335,7 +335,7 @@ impl Connection {
             ),
             SendWindow::new(self.remote.initial_window_size),
         );
-        s.queue.push_back(SendItem::Headers {
+        s.enqueue(SendItem::Headers {
             headers,
             end_stream,
         });
@@ -353,7 +353,7 @@ impl Connection {
         end_stream: bool,
     ) -> Result<(), Error> {
         let s = self.sendable(id)?;
-        s.queue.push_back(SendItem::Headers {
+        s.enqueue(SendItem::Headers {
             headers,
             end_stream,
         });
@@ -365,8 +365,7 @@ impl Connection {
     /// [`Connection::queued_bytes`] to apply back-pressure.
     pub fn send_data(&mut self, id: u32, data: Bytes, end_stream: bool) -> Result<(), Error> {
         let s = self.sendable(id)?;
-        s.queued += data.len();
-        s.queue.push_back(SendItem::Data { data, end_stream });
+        s.enqueue(SendItem::Data { data, end_stream });
         self.mark_ready(id);
         Ok(())
     }
@@ -374,7 +373,7 @@ impl Connection {
     /// Queue trailers; ends our side of the stream.
     pub fn send_trailers(&mut self, id: u32, trailers: Headers) -> Result<(), Error> {
         let s = self.sendable(id)?;
-        s.queue.push_back(SendItem::Trailers(trailers));
+        s.enqueue(SendItem::Trailers(trailers));
         self.mark_ready(id);
         Ok(())
     }
@@ -513,6 +512,11 @@ impl Connection {
             });
         }
         self.fail(Fail::Lost, Bytes::new());
+    }
+
+    /// Events are waiting for [`Connection::poll_event`].
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// The next event, if any.

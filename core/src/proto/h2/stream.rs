@@ -54,9 +54,13 @@ pub(crate) struct Stream {
     pub(crate) app_held: bool,
     pub(crate) recv: RecvWindow,
     pub(crate) send: SendWindow,
+    /// What waits to be sent; add with [`Stream::enqueue`].
     pub(crate) queue: VecDeque<SendItem>,
     /// Data bytes in `queue`.
     pub(crate) queued: usize,
+    /// An item ending our side (END_STREAM or trailers) was queued: nothing
+    /// may follow it. Kept as a flag so checking is O(1) per send.
+    pub(crate) end_queued: bool,
     /// In the connection's ready list.
     pub(crate) in_ready: bool,
     /// The initial headers from the peer arrived (client: the final response).
@@ -78,6 +82,7 @@ impl Stream {
             send,
             queue: VecDeque::new(),
             queued: 0,
+            end_queued: false,
             in_ready: false,
             headers_received: false,
             content_length: None,
@@ -93,13 +98,20 @@ impl Stream {
 
     /// We may still queue sends on this stream.
     pub(crate) fn send_open(&self) -> bool {
-        matches!(self.state, State::Open | State::HalfClosedRemote)
-            && !self.queue.iter().any(|i| match i {
-                SendItem::Headers { end_stream, .. } | SendItem::Data { end_stream, .. } => {
-                    *end_stream
-                }
-                SendItem::Trailers(_) => true,
-            })
+        matches!(self.state, State::Open | State::HalfClosedRemote) && !self.end_queued
+    }
+
+    /// Queue `item` for sending (the caller checked [`Stream::send_open`]).
+    pub(crate) fn enqueue(&mut self, item: SendItem) {
+        match &item {
+            SendItem::Headers { end_stream, .. } => self.end_queued |= *end_stream,
+            SendItem::Data { data, end_stream } => {
+                self.queued += data.len();
+                self.end_queued |= *end_stream;
+            }
+            SendItem::Trailers(_) => self.end_queued = true,
+        }
+        self.queue.push_back(item);
     }
 
     /// The peer ended its side.
@@ -215,7 +227,12 @@ mod tests {
     #[test]
     fn send_open_false_once_end_stream_queued() {
         let mut s = Stream::new(false, RecvWindow::new(1, 1), SendWindow::new(1));
-        s.queue.push_back(SendItem::Data {
+        s.enqueue(SendItem::Data {
+            data: Bytes::new(),
+            end_stream: false,
+        });
+        assert!(s.send_open());
+        s.enqueue(SendItem::Data {
             data: Bytes::new(),
             end_stream: true,
         });

@@ -1,0 +1,631 @@
+//! One agent tunnel on a socket: the gRPC `/AgentService/Connect` call, the
+//! [`Tunnel`] state machine behind it, and the endpoints (dialled
+//! destination connections) it relays.
+//!
+//! ```text
+//!   server ══ TLS/HTTP2/gRPC stream ══► TunnelHandler ──► Tunnel (sans-IO)
+//!                                            │  Write(connectID, bytes)
+//!                                            ▼
+//!                 endpoint writer task ──► destination socket
+//!                 endpoint reader task ◄── destination socket
+//!                        │ DATA packet built in place in a pooled buffer
+//!                        └──────────────► send_framed on the tunnel stream
+//! ```
+//!
+//! Per-connection flow control (docs/design/tunnel.md):
+//! - tunnel → endpoint: the tunnel's credit is returned as soon as a payload
+//!   is queued for its endpoint; each endpoint's queue is bounded, and an
+//!   endpoint whose destination stops reading is closed ("stuck") — never
+//!   the tunnel;
+//! - endpoint → tunnel: an endpoint is read only while the tunnel stream's
+//!   send queue is below its high-water mark; readers pause and resume
+//!   together when it drains.
+//!
+//! An idle endpoint holds no buffer: its reader waits for readability
+//! first and takes a pooled buffer only when there is data.
+//!
+//! **Observation.** A [`TunnelObserver`] (given to
+//! [`TunnelHandler::with_observer`]) is told about every packet sent and
+//! received, every dial's outcome and every endpoint's lifetime; the agent
+//! runtime turns these into upstream's metrics with per-core counters. It
+//! is called synchronously on the tunnel's worker, so it must be cheap.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use konn_core::io::driver::{ConnHandle, Handler, WeakConnHandle};
+use konn_core::io::notify::{Broadcast, Notify};
+use konn_core::io::pool::BufPool;
+use konn_core::io::resolve::{DialError, dial_tcp, go_dial_error};
+use konn_core::io::runtime::{Either, race};
+use konn_core::io::sock;
+use konn_core::proto::grpc::{Grpc, GrpcEvent};
+use konn_core::proto::h2::Headers;
+use konn_frames::GrpcStatus;
+use konn_frames::packet::{self, MAX_DATA_PAYLOAD, Packet, PacketType};
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
+use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
+
+use crate::tunnel::{Action, DialFailure, Tunnel, TunnelConfig};
+
+/// Room in front of a read for the gRPC prefix and the DATA packet header.
+const HEADROOM: usize = 32;
+
+/// Tunnel settings.
+#[derive(Clone, Debug)]
+pub struct TunnelSettings {
+    /// Timeout of one destination dial (upstream: 5 s).
+    pub dial_timeout: Duration,
+    /// Payloads queued per endpoint before it counts as stuck
+    /// (`--xfr-channel-size`).
+    pub endpoint_queue: usize,
+    /// An endpoint whose destination accepts nothing for this long is
+    /// closed.
+    pub stuck_timeout: Duration,
+    /// Endpoints stop being read while the tunnel stream has this many
+    /// bytes queued…
+    pub tunnel_high_water: usize,
+    /// …and resume when it is down to this many.
+    pub tunnel_low_water: usize,
+    /// The state machine's limits.
+    pub tunnel: TunnelConfig,
+    /// `--warn-on-channel-limit`: log (at debug level, upstream's V(2))
+    /// when an endpoint's queue reaches `endpoint_queue` payloads.
+    pub warn_on_queue_limit: bool,
+}
+
+impl Default for TunnelSettings {
+    fn default() -> Self {
+        Self {
+            dial_timeout: Duration::from_secs(5),
+            endpoint_queue: 150,
+            stuck_timeout: Duration::from_secs(30),
+            tunnel_high_water: 1 << 20,
+            tunnel_low_water: 256 << 10,
+            tunnel: TunnelConfig::default(),
+            warn_on_queue_limit: false,
+        }
+    }
+}
+
+/// What a tunnel reports to the agent's connection manager.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TunnelEvent {
+    /// The server accepted the tunnel: its id and `servercount`.
+    Connected {
+        /// `serverid` response header.
+        server_id: String,
+        /// `servercount` response header.
+        server_count: usize,
+    },
+    /// The call failed before response headers (e.g. authentication), or
+    /// the headers were malformed.
+    Rejected(String),
+    /// The tunnel ended.
+    Closed,
+}
+
+/// Counters of one tunnel (for metrics and leak checks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TunnelCounters {
+    /// Endpoints open now.
+    pub open_endpoints: usize,
+    /// Dial failures: timeout, other.
+    pub dial_failures: [u64; 2],
+    /// Dials that succeeded.
+    pub dials: u64,
+}
+
+/// What happens on a tunnel, for metrics (see the module docs). Every
+/// method has an empty default.
+pub trait TunnelObserver {
+    /// A packet arrived from the server and decoded.
+    fn received(&self, _ty: PacketType) {}
+    /// A packet was queued for the server.
+    fn sent(&self, _ty: PacketType) {}
+    /// The Connect call ended with a non-OK status after the server had
+    /// accepted it (upstream counts such receive errors).
+    fn stream_error(&self, _status: GrpcStatus) {}
+    /// A destination dial connected after `elapsed`.
+    fn dial_succeeded(&self, _elapsed: Duration) {}
+    /// A destination dial failed (or was refused before dialling).
+    fn dial_failed(&self, _why: DialFailure) {}
+    /// An endpoint connection was established.
+    fn endpoint_opened(&self) {}
+    /// An endpoint connection's socket was released (both directions
+    /// done); every [`endpoint_opened`](Self::endpoint_opened) is matched
+    /// by exactly one of these.
+    fn endpoint_closed(&self) {}
+}
+
+/// The observer of a tunnel nobody watches.
+struct Unobserved;
+
+impl TunnelObserver for Unobserved {}
+
+/// Tells the observer when an endpoint's last task lets go of it.
+struct EndpointGuard(Rc<dyn TunnelObserver>);
+
+impl EndpointGuard {
+    fn new(observer: Rc<dyn TunnelObserver>) -> Self {
+        observer.endpoint_opened();
+        Self(observer)
+    }
+}
+
+impl Drop for EndpointGuard {
+    fn drop(&mut self) {
+        self.0.endpoint_closed();
+    }
+}
+
+/// Per-tunnel state the tasks share without owning the connection.
+struct Ctx {
+    stream: Cell<u32>,
+    /// The tunnel stream's send queue drained below the low-water mark.
+    writable: Broadcast,
+    pool: BufPool,
+    settings: TunnelSettings,
+    observer: Rc<dyn TunnelObserver>,
+}
+
+/// One endpoint (dialled destination connection).
+struct Endpoint {
+    connect_id: i64,
+    queue: RefCell<VecDeque<Bytes>>,
+    wake_writer: Notify,
+    /// Stop reading; the writer flushes what is queued, then closes.
+    closing: Cell<bool>,
+    stop_reader: Notify,
+    /// Drop everything now (stuck).
+    abort: Notify,
+    aborted: Cell<bool>,
+    /// Reports the endpoint closed when the last task drops it.
+    _open: EndpointGuard,
+}
+
+impl Endpoint {
+    fn close(&self) {
+        self.closing.set(true);
+        self.stop_reader.notify();
+        self.wake_writer.notify();
+    }
+
+    fn abort(&self) {
+        self.aborted.set(true);
+        self.queue.borrow_mut().clear();
+        self.close();
+        self.abort.notify();
+    }
+}
+
+/// The tunnel's connection handler.
+pub struct TunnelHandler {
+    tunnel: Tunnel,
+    ctx: Rc<Ctx>,
+    endpoints: HashMap<i64, Rc<Endpoint>>,
+    dials: HashMap<i64, Rc<Notify>>,
+    me: WeakConnHandle<Grpc, Self>,
+    report: Box<dyn FnMut(TunnelEvent)>,
+    connected: bool,
+    counters: TunnelCounters,
+}
+
+type Handle = ConnHandle<Grpc, TunnelHandler>;
+
+impl TunnelHandler {
+    /// A handler reporting lifecycle events to `report`.
+    pub fn new(
+        settings: TunnelSettings,
+        pool: BufPool,
+        report: Box<dyn FnMut(TunnelEvent)>,
+    ) -> Self {
+        Self::with_observer(settings, pool, report, Rc::new(Unobserved))
+    }
+
+    /// A handler reporting lifecycle events to `report` and its traffic to
+    /// `observer`.
+    pub fn with_observer(
+        settings: TunnelSettings,
+        pool: BufPool,
+        report: Box<dyn FnMut(TunnelEvent)>,
+        observer: Rc<dyn TunnelObserver>,
+    ) -> Self {
+        Self {
+            tunnel: Tunnel::new(settings.tunnel),
+            ctx: Rc::new(Ctx {
+                stream: Cell::new(0),
+                writable: Broadcast::new(),
+                pool,
+                settings,
+                observer,
+            }),
+            endpoints: HashMap::new(),
+            dials: HashMap::new(),
+            me: WeakConnHandle::default(),
+            report,
+            connected: false,
+            counters: TunnelCounters::default(),
+        }
+    }
+
+    /// Open the `/AgentService/Connect` call on `handle`'s connection with
+    /// the agent's request `metadata` (agentid, agentidentifiers,
+    /// authorization).
+    pub fn start(
+        handle: &Handle,
+        authority: Bytes,
+        metadata: &Headers,
+    ) -> Result<(), konn_core::Error> {
+        let weak = handle.downgrade();
+        handle.with(|g, h| {
+            let id = g.start_call(
+                "https",
+                authority,
+                Bytes::from_static(b"/AgentService/Connect"),
+                metadata,
+            )?;
+            h.ctx.stream.set(id);
+            h.me = weak;
+            Ok(())
+        })?
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> TunnelCounters {
+        TunnelCounters {
+            open_endpoints: self.endpoints.len(),
+            ..self.counters
+        }
+    }
+
+    /// Send DRAIN to the server (first shutdown signal).
+    pub fn drain(&mut self, grpc: &mut Grpc) {
+        self.tunnel.drain();
+        self.apply(grpc);
+    }
+
+    /// Close the tunnel from this side: cancel the Connect call and shut
+    /// the connection down (a duplicate server, a server that does not
+    /// answer in time, the agent stopping). Endpoints are closed when the
+    /// connection ends ([`TunnelEvent::Closed`] follows).
+    pub fn close(&mut self, grpc: &mut Grpc) {
+        grpc.cancel(self.ctx.stream.get());
+        grpc.conn_mut().shutdown();
+    }
+
+    /// Perform the state machine's actions.
+    fn apply(&mut self, grpc: &mut Grpc) {
+        while let Some(action) = self.tunnel.poll_action() {
+            match action {
+                Action::ToServer(p) => {
+                    self.ctx.observer.sent(p.ty());
+                    let mut b = BytesMut::with_capacity(p.encoded_len() + 5);
+                    p.encode_grpc(&mut b);
+                    let _ = grpc.send_framed(self.ctx.stream.get(), b.freeze());
+                }
+                Action::Write { connect_id, data } => {
+                    let Some(ep) = self.endpoints.get(&connect_id) else {
+                        continue;
+                    };
+                    let mut q = ep.queue.borrow_mut();
+                    if q.len() >= 4 * self.ctx.settings.endpoint_queue {
+                        // Far over its bound: the destination is not reading.
+                        drop(q);
+                        self.tunnel.endpoint_stuck(connect_id);
+                        continue;
+                    }
+                    q.push_back(data);
+                    let at_limit = q.len() == self.ctx.settings.endpoint_queue;
+                    drop(q);
+                    if at_limit && self.ctx.settings.warn_on_queue_limit {
+                        tracing::debug!(
+                            connection_id = connect_id,
+                            "data queue of an endpoint is full"
+                        );
+                    }
+                    ep.wake_writer.notify();
+                }
+                Action::Close { connect_id } => {
+                    if let Some(ep) = self.endpoints.remove(&connect_id) {
+                        ep.close();
+                    }
+                }
+                Action::Dial {
+                    connect_id,
+                    address,
+                } => {
+                    let cancel = Rc::new(Notify::new());
+                    self.dials.insert(connect_id, cancel.clone());
+                    monoio::spawn(dial(
+                        self.me.clone(),
+                        self.ctx.clone(),
+                        connect_id,
+                        address.to_string(),
+                        cancel,
+                    ));
+                }
+                Action::CancelDial { connect_id } => {
+                    if let Some(c) = self.dials.remove(&connect_id) {
+                        c.notify();
+                    }
+                }
+                Action::DialFailed(why) => {
+                    self.ctx.observer.dial_failed(why);
+                    self.counters.dial_failures[usize::from(why == DialFailure::Unknown)] += 1;
+                }
+                Action::DialSucceeded => self.counters.dials += 1,
+            }
+        }
+    }
+
+    /// Close every endpoint and abandon every dial (the tunnel is gone).
+    fn shut_everything(&mut self) {
+        self.tunnel.tunnel_gone();
+        while let Some(a) = self.tunnel.poll_action() {
+            match a {
+                Action::Close { connect_id } => {
+                    if let Some(ep) = self.endpoints.remove(&connect_id) {
+                        ep.close();
+                    }
+                }
+                Action::CancelDial { connect_id } => {
+                    if let Some(c) = self.dials.remove(&connect_id) {
+                        c.notify();
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (_, ep) in self.endpoints.drain() {
+            ep.close();
+        }
+        // Paused readers re-check and see `closing`.
+        self.ctx.writable.notify_all();
+    }
+}
+
+impl Handler<Grpc> for TunnelHandler {
+    fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent) {
+        match event {
+            GrpcEvent::ResponseHeaders { metadata, .. } => {
+                let ids: Vec<_> = metadata.get_all(b"serverid").collect();
+                let counts: Vec<_> = metadata.get_all(b"servercount").collect();
+                let parsed = match (ids.as_slice(), counts.as_slice()) {
+                    ([id], [count]) => std::str::from_utf8(count)
+                        .ok()
+                        .and_then(|c| c.parse::<usize>().ok())
+                        .map(|c| (String::from_utf8_lossy(id).into_owned(), c)),
+                    _ => None,
+                };
+                match parsed {
+                    Some((server_id, server_count)) => {
+                        self.connected = true;
+                        (self.report)(TunnelEvent::Connected {
+                            server_id,
+                            server_count,
+                        });
+                    }
+                    None => {
+                        let why = format!(
+                            "expected one server ID and one server count in the response headers, got {} and {}",
+                            ids.len(),
+                            counts.len()
+                        );
+                        (self.report)(TunnelEvent::Rejected(why));
+                        grpc.cancel(self.ctx.stream.get());
+                        grpc.conn_mut().shutdown();
+                    }
+                }
+            }
+            GrpcEvent::Message { id, msg, flow, .. } => {
+                match Packet::decode(&msg) {
+                    Ok(p) => {
+                        self.ctx.observer.received(p.ty());
+                        self.tunnel.server_packet(p);
+                        self.apply(grpc);
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "ignoring an undecodable packet from the server")
+                    }
+                }
+                // The tunnel's credit never waits for an endpoint.
+                grpc.release(id, flow);
+            }
+            GrpcEvent::Writable { .. } => self.ctx.writable.notify_all(),
+            GrpcEvent::Finished {
+                status, message, ..
+            } => {
+                if !self.connected {
+                    (self.report)(TunnelEvent::Rejected(format!("{status}: {message}")));
+                } else if status != GrpcStatus::OK {
+                    self.ctx.observer.stream_error(status);
+                    tracing::info!(%status, %message, "tunnel closed by the server");
+                }
+                self.shut_everything();
+                grpc.conn_mut().shutdown();
+            }
+            GrpcEvent::GoAway { .. } | GrpcEvent::Call { .. } | GrpcEvent::HalfClose { .. } => {}
+        }
+    }
+
+    fn on_close(&mut self, _grpc: &mut Grpc, error: Option<&konn_core::Error>) {
+        if let Some(e) = error {
+            tracing::info!(error = %e, "tunnel connection ended");
+        }
+        self.shut_everything();
+        self.dials.clear();
+        (self.report)(TunnelEvent::Closed);
+    }
+}
+
+/// Dial a destination and, on success, start relaying it.
+async fn dial(
+    me: WeakConnHandle<Grpc, TunnelHandler>,
+    ctx: Rc<Ctx>,
+    connect_id: i64,
+    address: String,
+    cancel: Rc<Notify>,
+) {
+    let started = konn_core::io::clock::now();
+    let result = race(
+        dial_tcp(&address, ctx.settings.dial_timeout),
+        cancel.notified(),
+    )
+    .await;
+    let Some(handle) = me.upgrade() else { return };
+    let result = match result {
+        Either::Left(r) => r,
+        Either::Right(()) => return, // DIAL_CLS
+    };
+    let _ = handle.with(|g, h| {
+        h.dials.remove(&connect_id);
+        match result {
+            Ok(stream) => {
+                if !h.tunnel.dial_succeeded(connect_id) {
+                    return; // cancelled meanwhile; the socket drops
+                }
+                ctx.observer
+                    .dial_succeeded(konn_core::io::clock::now().saturating_duration_since(started));
+                let ep = Rc::new(Endpoint {
+                    connect_id,
+                    queue: RefCell::new(VecDeque::new()),
+                    wake_writer: Notify::new(),
+                    closing: Cell::new(false),
+                    stop_reader: Notify::new(),
+                    abort: Notify::new(),
+                    aborted: Cell::new(false),
+                    _open: EndpointGuard::new(ctx.observer.clone()),
+                });
+                h.endpoints.insert(connect_id, ep.clone());
+                // DIAL_RSP is queued before any DATA the reader produces.
+                h.apply(g);
+                let (rd, wr) = stream.into_split();
+                monoio::spawn(read_endpoint(h.me.clone(), ctx.clone(), ep.clone(), rd));
+                monoio::spawn(write_endpoint(h.me.clone(), ctx.clone(), ep, wr));
+            }
+            Err(e) => {
+                let why = if e == DialError::Timeout {
+                    DialFailure::Timeout
+                } else {
+                    DialFailure::Unknown
+                };
+                h.tunnel
+                    .dial_failed(connect_id, go_dial_error(&address, &e), why);
+                h.apply(g);
+            }
+        }
+    });
+}
+
+/// Destination → tunnel.
+async fn read_endpoint(
+    me: WeakConnHandle<Grpc, TunnelHandler>,
+    ctx: Rc<Ctx>,
+    ep: Rc<Endpoint>,
+    mut rd: TcpOwnedReadHalf,
+) {
+    let stream = ctx.stream.get();
+    loop {
+        if ep.closing.get() {
+            return;
+        }
+        let Some(handle) = me.upgrade() else { return };
+        // Pause while the tunnel is backed up.
+        let backed_up = handle
+            .with(|g, _| {
+                let high = g.queued_bytes(stream) >= ctx.settings.tunnel_high_water;
+                if high {
+                    g.notify_when_drained(stream, ctx.settings.tunnel_low_water);
+                }
+                high
+            })
+            .unwrap_or(true);
+        drop(handle);
+        if backed_up {
+            race(ctx.writable.wait(), ep.stop_reader.notified()).await;
+            continue;
+        }
+        // Idle endpoints hold no buffer: wait for data first.
+        if let Either::Right(_) = race(sock::readable(&rd), ep.stop_reader.notified()).await {
+            return;
+        }
+        let mut buf = ctx.pool.acquire().await;
+        buf.resize(HEADROOM, 0);
+        let read = rd.read(buf.slice_mut(HEADROOM..HEADROOM + MAX_DATA_PAYLOAD));
+        let (res, slice) = match race(read, ep.stop_reader.notified()).await {
+            Either::Left(r) => r,
+            Either::Right(()) => return,
+        };
+        let mut buf = slice.into_inner();
+        let n = match res {
+            Ok(n) if n > 0 => n,
+            // EOF or a read error: everything read so far is already queued
+            // on the tunnel, so CLOSE_RSP follows it.
+            _ => {
+                if let Some(h) = me.upgrade() {
+                    let _ = h.with(|g, t| {
+                        t.tunnel.endpoint_closed(ep.connect_id);
+                        t.apply(g);
+                    });
+                }
+                return;
+            }
+        };
+        let hl = packet::data_header_len(ep.connect_id, n);
+        let start = HEADROOM - hl;
+        packet::encode_data_header(ep.connect_id, n, &mut &mut buf[start..HEADROOM]);
+        let framed = buf.freeze().slice(start..HEADROOM + n);
+        let Some(handle) = me.upgrade() else { return };
+        if let Ok(Ok(())) = handle.with(|g, _| g.send_framed(stream, framed)) {
+            ctx.observer.sent(PacketType::Data);
+        }
+    }
+}
+
+/// Tunnel → destination.
+async fn write_endpoint(
+    me: WeakConnHandle<Grpc, TunnelHandler>,
+    ctx: Rc<Ctx>,
+    ep: Rc<Endpoint>,
+    mut wr: TcpOwnedWriteHalf,
+) {
+    loop {
+        let next = ep.queue.borrow_mut().pop_front();
+        let Some(data) = next else {
+            if ep.closing.get() {
+                break;
+            }
+            ep.wake_writer.notified().await;
+            continue;
+        };
+        let write = monoio::time::timeout(ctx.settings.stuck_timeout, wr.write_all(data));
+        let outcome = match race(write, ep.abort.notified()).await {
+            Either::Right(()) => break,
+            Either::Left(Err(_elapsed)) => Some(true),
+            Either::Left(Ok((Err(_), _))) => Some(false),
+            Either::Left(Ok((Ok(_), _))) => None,
+        };
+        if let Some(stuck) = outcome {
+            if let Some(h) = me.upgrade() {
+                let _ = h.with(|g, t| {
+                    if stuck {
+                        t.tunnel.endpoint_stuck(ep.connect_id);
+                    } else {
+                        t.tunnel.endpoint_closed(ep.connect_id);
+                    }
+                    t.apply(g);
+                });
+            }
+            ep.abort();
+            break;
+        }
+    }
+    if !ep.aborted.get() {
+        let _ = monoio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
+    }
+}

@@ -1,0 +1,131 @@
+//! A throw-away PKI for demos and process-level tests: one CA, a serving
+//! certificate for `localhost`/`127.0.0.1`/`::1`, and client certificates
+//! for the agent and for a frontend (kube-apiserver's side), written as PEM
+//! files with the names the demo and the tests pass to the binaries.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+
+/// Where [`write`] put the files.
+#[derive(Clone, Debug)]
+pub struct PkiFiles {
+    /// The CA certificate (`--cluster-ca-cert`, `--server-ca-cert`, `--ca-cert`).
+    pub ca_cert: PathBuf,
+    /// Serving certificate and key of both server ports.
+    pub server_cert: PathBuf,
+    /// See `server_cert`.
+    pub server_key: PathBuf,
+    /// The agent's client certificate (`--agent-cert`).
+    pub agent_cert: PathBuf,
+    /// See `agent_cert`.
+    pub agent_key: PathBuf,
+    /// A frontend client certificate (kube-apiserver's egress client).
+    pub frontend_cert: PathBuf,
+    /// See `frontend_cert`.
+    pub frontend_key: PathBuf,
+}
+
+/// Why the PKI could not be written.
+#[derive(Debug)]
+pub enum PkiError {
+    /// Certificate generation failed.
+    Generate(rcgen::Error),
+    /// A file could not be written.
+    Write(PathBuf, std::io::Error),
+}
+
+impl std::fmt::Display for PkiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Generate(e) => write!(f, "generating certificates: {e}"),
+            Self::Write(p, e) => write!(f, "writing {}: {e}", p.display()),
+        }
+    }
+}
+
+impl std::error::Error for PkiError {}
+
+impl From<rcgen::Error> for PkiError {
+    fn from(e: rcgen::Error) -> Self {
+        Self::Generate(e)
+    }
+}
+
+fn leaf(
+    issuer: &Issuer<'_, KeyPair>,
+    cn: &str,
+    server: bool,
+) -> Result<(String, String), rcgen::Error> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    if server {
+        params.subject_alt_names = vec![
+            SanType::DnsName("localhost".try_into()?),
+            SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            SanType::IpAddress(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    } else {
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    }
+    let cert = params.signed_by(&key, issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Generate a fresh PKI and write it into `dir` (created if missing).
+pub fn write(dir: &Path) -> Result<PkiFiles, PkiError> {
+    std::fs::create_dir_all(dir).map_err(|e| PkiError::Write(dir.to_owned(), e))?;
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name
+        .push(DnType::CommonName, "konn demo CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_pem = ca.self_signed(&ca_key)?.pem();
+    let issuer = Issuer::new(ca, ca_key);
+
+    let put = |name: &str, body: &str| -> Result<PathBuf, PkiError> {
+        let p = dir.join(name);
+        std::fs::write(&p, body).map_err(|e| PkiError::Write(p.clone(), e))?;
+        Ok(p)
+    };
+    let (server_cert, server_key) = leaf(&issuer, "konnectivity-server", true)?;
+    let (agent_cert, agent_key) = leaf(&issuer, "konnectivity-agent", false)?;
+    let (frontend_cert, frontend_key) = leaf(&issuer, "kube-apiserver", false)?;
+    Ok(PkiFiles {
+        ca_cert: put("ca.crt", &ca_pem)?,
+        server_cert: put("server.crt", &server_cert)?,
+        server_key: put("server.key", &server_key)?,
+        agent_cert: put("agent.crt", &agent_cert)?,
+        agent_key: put("agent.key", &agent_key)?,
+        frontend_cert: put("frontend.crt", &frontend_cert)?,
+        frontend_key: put("frontend.key", &frontend_key)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use konn_core::io::tls::{ClientTlsOptions, PemSource, ServerTlsOptions};
+
+    #[test]
+    fn the_written_files_load_as_server_and_client_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = super::write(dir.path()).unwrap();
+        let mut s = ServerTlsOptions::new(
+            PemSource::File(f.server_cert.clone()),
+            PemSource::File(f.server_key.clone()),
+        );
+        s.client_ca = Some(PemSource::File(f.ca_cert.clone()));
+        s.build().unwrap();
+        let mut c = ClientTlsOptions::new(PemSource::File(f.ca_cert.clone()), "127.0.0.1");
+        c.identity = Some((PemSource::File(f.agent_cert), PemSource::File(f.agent_key)));
+        c.build().unwrap();
+    }
+}

@@ -1,0 +1,198 @@
+//! Running the real `proxy-server` / `proxy-agent` binaries as child
+//! processes: locate them, capture their logs in a file, wait for their
+//! health endpoints, signal them, and never leave one behind (a [`Proc`]
+//! is killed when dropped).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+/// The directory holding konn's binaries: `$KONN_BIN_DIR`, else the
+/// directory of the running executable (or its parent, for test binaries
+/// under `target/*/deps`).
+pub fn bin_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("KONN_BIN_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir, dir.parent()?]
+        .into_iter()
+        .find(|d| d.join("proxy-server").is_file())
+        .map(Path::to_path_buf)
+}
+
+/// The path of binary `name` (`proxy-server`, `proxy-agent`).
+pub fn binary(name: &str) -> std::io::Result<PathBuf> {
+    bin_dir()
+        .map(|d| d.join(name))
+        .filter(|p| p.is_file())
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{name} not found next to this executable; build it first (cargo build --bins) or set KONN_BIN_DIR"),
+            )
+        })
+}
+
+/// A running child process; killed (SIGKILL) and reaped when dropped.
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Start `program` with `args`, stdout and stderr appended to `log`.
+    pub fn spawn(program: &Path, args: &[String], log: &Path) -> std::io::Result<Self> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()?;
+        Ok(Self {
+            name: program
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            child: Some(child),
+            log: log.to_owned(),
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last `lines` lines of the log (for error messages).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Send SIGTERM.
+    pub fn terminate(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Send `sig`.
+    #[allow(unsafe_code)]
+    pub fn signal(&self, sig: libc::c_int) {
+        if let Some(c) = &self.child
+            && let Ok(pid) = libc::pid_t::try_from(c.id())
+        {
+            // SAFETY: kill(2) with a pid we spawned and have not reaped
+            // (the Child is still held), so it names our child.
+            unsafe {
+                libc::kill(pid, sig);
+            }
+        }
+    }
+
+    /// Wait up to `timeout` for the process to exit.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        let step = Duration::from_millis(10);
+        let mut waited = Duration::ZERO;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if waited >= timeout {
+                return None;
+            }
+            std::thread::sleep(step);
+            waited += step;
+        }
+    }
+
+    /// Whether it is still running.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => true,
+            Some(_) => {
+                self.child = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// SIGKILL now and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl std::fmt::Debug for Proc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (pid {})", self.name, self.pid())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for
+/// tests that start a process on it right away).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(0, |a| a.port())
+}
+
+/// A plain HTTP/1.1 GET; returns (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or_else(String::new, |(_, b)| b.to_owned());
+    Ok((status, body))
+}
+
+/// Poll `GET path` on `addr` until it answers 200 or `timeout` passes.
+pub fn wait_http_ok(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
+    let step = Duration::from_millis(50);
+    let mut waited = Duration::ZERO;
+    while waited < timeout {
+        if matches!(http_get(addr, path), Ok((200, _))) {
+            return true;
+        }
+        std::thread::sleep(step);
+        waited += step;
+    }
+    false
+}

@@ -1,0 +1,91 @@
+//! Shutdown signals for the binaries.
+//!
+//! [`block_shutdown_signals`] blocks SIGTERM and SIGINT in the calling
+//! thread; call it at the start of `main`, before any worker thread exists,
+//! so every thread inherits the mask and no worker is ever interrupted.
+//! The main thread then waits for them with [`wait_shutdown_signal`]
+//! (`sigwait`) — no signal handler, no async-signal-safety concerns.
+//! Upstream semantics built on this: the agent's first signal drains and
+//! the second exits; the server's first signal starts a graceful shutdown.
+
+use std::io;
+
+/// Which signal arrived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShutdownSignal {
+    /// SIGTERM.
+    Term,
+    /// SIGINT.
+    Int,
+}
+
+#[allow(unsafe_code)]
+fn shutdown_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the set we own; sigaddset only writes
+    // into it; both are given valid pointers to a local.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    }
+}
+
+/// Block SIGTERM and SIGINT in this thread (and threads it starts later).
+#[allow(unsafe_code)]
+pub fn block_shutdown_signals() -> io::Result<()> {
+    let set = shutdown_set();
+    // SAFETY: `set` is a valid, initialised signal set; a null old-set
+    // pointer is allowed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Wait for SIGTERM or SIGINT (they must be blocked, see the module docs).
+#[allow(unsafe_code)]
+pub fn wait_shutdown_signal() -> io::Result<ShutdownSignal> {
+    let set = shutdown_set();
+    let mut sig: libc::c_int = 0;
+    loop {
+        // SAFETY: `set` is a valid signal set and `sig` a valid out pointer.
+        let rc = unsafe { libc::sigwait(&set, &mut sig) };
+        if rc == libc::EINTR {
+            continue;
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        return Ok(if sig == libc::SIGINT {
+            ShutdownSignal::Int
+        } else {
+            ShutdownSignal::Term
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_blocked_signal_is_received_by_sigwait() {
+        // Run in a fresh thread so the mask does not leak into other tests.
+        std::thread::spawn(|| {
+            block_shutdown_signals().unwrap();
+            // SAFETY: raise a signal that is blocked in this thread: it stays
+            // pending until sigwait takes it.
+            // (pthread_kill targets this thread only.)
+            let rc = unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGINT) };
+            assert_eq!(rc, 0);
+            assert_eq!(wait_shutdown_signal().unwrap(), ShutdownSignal::Int);
+        })
+        .join()
+        .unwrap();
+    }
+}

@@ -1,0 +1,310 @@
+//! The agent port: `/AgentService/Connect` calls become backends.
+//!
+//! A Connect call is validated like upstream (`NewBackend`): exactly one
+//! `agentid`, at most one `agentidentifiers` (URL query, unknown keys
+//! ignored). It is answered with the `serverid` and `servercount` response
+//! headers before any packet, then registered with this core's router and
+//! announced to the other cores. Every packet from the agent goes through
+//! the router; the tunnel's flow-control credit is returned at once so no
+//! frontend can stall it (per-frontend queues are bounded instead).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use konn_core::io::driver::Handler;
+use konn_core::proto::grpc::{Grpc, GrpcEvent};
+use konn_core::proto::h2::Headers;
+use konn_frames::GrpcStatus;
+use konn_frames::packet::{Packet, PacketType};
+
+use crate::backends::{BackendId, Identifiers};
+use crate::metrics::{Segment, ServiceMethod};
+use crate::serve::metric_strategy;
+use crate::worker::{BackendRef, Msg, Outbox, Worker, bump};
+
+/// The handler of one agent connection.
+pub struct AgentConn {
+    worker: Rc<Worker>,
+    outbox: Rc<Outbox>,
+    /// Connect streams of this connection → backends.
+    streams: HashMap<u32, BackendId>,
+    /// Other cores' inboxes, for backend announcements.
+    announce: Rc<dyn Fn(Msg)>,
+}
+
+impl AgentConn {
+    /// A handler for one connection on the agent port.
+    pub fn new(worker: Rc<Worker>, outbox: Rc<Outbox>, announce: Rc<dyn Fn(Msg)>) -> Self {
+        Self {
+            worker,
+            outbox,
+            streams: HashMap::new(),
+            announce,
+        }
+    }
+
+    fn on_call(&mut self, grpc: &mut Grpc, id: u32, path: &[u8], metadata: &Headers) {
+        if path != b"/AgentService/Connect" {
+            let msg = unknown_method(path, "AgentService");
+            let _ = grpc.finish(id, GrpcStatus::UNIMPLEMENTED, &msg);
+            return;
+        }
+        let ids: Vec<&Bytes> = metadata.get_all(b"agentid").collect();
+        let [agent_id] = ids.as_slice() else {
+            let msg = format!(
+                "expected one agent ID in the context, got {}",
+                go_slice(&ids)
+            );
+            let _ = grpc.finish(id, GrpcStatus::UNKNOWN, &msg);
+            return;
+        };
+        let agent_id = String::from_utf8_lossy(agent_id).into_owned();
+        let idents: Vec<&Bytes> = metadata.get_all(b"agentidentifiers").collect();
+        let identifiers = match idents.as_slice() {
+            [] => Identifiers::default(),
+            [one] => match Identifiers::parse(&String::from_utf8_lossy(one)) {
+                Ok(i) => i,
+                Err(e) => {
+                    let msg = format!("fail to parse url encoded string: {e}");
+                    let _ = grpc.finish(id, GrpcStatus::UNKNOWN, &msg);
+                    return;
+                }
+            },
+            more => {
+                let msg = format!(
+                    "expected at most one set of agent identifiers in the context, got {}",
+                    go_slice(more)
+                );
+                let _ = grpc.finish(id, GrpcStatus::UNKNOWN, &msg);
+                return;
+            }
+        };
+        let s = &self.worker.settings;
+        let mut md = Headers::new();
+        md.push(
+            Bytes::from_static(b"serverid"),
+            Bytes::from(s.server_id.clone()),
+        );
+        md.push(
+            Bytes::from_static(b"servercount"),
+            Bytes::from(s.server_count.to_string()),
+        );
+        if grpc.accept(id, &md).is_err() {
+            return;
+        }
+        let bid = self.worker.next_id();
+        tracing::info!(agent_id = %agent_id, backend = bid, "agent connected");
+        self.worker.router.borrow_mut().backend_connected(
+            bid,
+            agent_id,
+            identifiers,
+            self.worker.index,
+        );
+        let entry = self.worker.router.borrow().directory().get(bid).cloned();
+        self.worker.backends.borrow_mut().insert(
+            bid,
+            BackendRef {
+                outbox: self.outbox.clone(),
+                stream: id,
+                queued: std::cell::Cell::new(0),
+                waiting: std::cell::RefCell::new(Vec::new()),
+                drained: Rc::new(konn_core::io::notify::Broadcast::new()),
+            },
+        );
+        self.streams.insert(id, bid);
+        bump(&self.worker.shared.connect_streams, true);
+        bump(&self.worker.shared.backends, true);
+        self.worker
+            .metrics
+            .grpc_connections(ServiceMethod::Connect)
+            .inc();
+        self.publish_backends();
+        if let Some(e) = entry {
+            (self.announce)(Msg::BackendUp(e));
+        }
+    }
+
+    fn gone(&mut self, id: u32) {
+        let Some(bid) = self.streams.remove(&id) else {
+            return;
+        };
+        tracing::info!(backend = bid, "agent disconnected");
+        self.worker.router.borrow_mut().backend_gone(bid);
+        self.worker.backend_drained(bid); // give back any held credit
+        self.worker.backends.borrow_mut().remove(&bid);
+        self.worker.apply();
+        bump(&self.worker.shared.connect_streams, false);
+        bump(&self.worker.shared.backends, false);
+        self.worker
+            .metrics
+            .grpc_connections(ServiceMethod::Connect)
+            .dec();
+        self.publish_backends();
+        self.worker.publish();
+        (self.announce)(Msg::BackendDown(bid));
+    }
+
+    /// `ready_backends{proxy_strategy}` and the deprecated
+    /// `ready_backend_connections` (upstream: written by every storage, the
+    /// last one wins).
+    fn publish_backends(&self) {
+        let router = self.worker.router.borrow();
+        let dir = router.directory();
+        for s in dir.strategies() {
+            let n = dir.ready_backends(*s);
+            self.worker
+                .all_metrics
+                .set_ready_backends(metric_strategy(*s), n);
+            self.worker.all_metrics.set_ready_backend_connections(n);
+        }
+    }
+}
+
+impl Handler<Grpc> for AgentConn {
+    fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent) {
+        match event {
+            GrpcEvent::Call {
+                id, path, metadata, ..
+            } => self.on_call(grpc, id, &path, &metadata),
+            GrpcEvent::Message {
+                id,
+                msg,
+                framed,
+                flow,
+            } => {
+                if let Some(&bid) = self.streams.get(&id) {
+                    match Packet::decode(&msg) {
+                        Ok(p) => {
+                            let ty = p.ty();
+                            self.worker
+                                .metrics
+                                .stream_packets(Segment::FromAgent, ty)
+                                .inc();
+                            self.worker.forwarding.set(ty);
+                            let drain = matches!(p, Packet::Drain);
+                            let framed = framed.unwrap_or_else(|| reframe(&msg));
+                            self.worker.router.borrow_mut().backend_packet(
+                                konn_core::io::clock::now(),
+                                bid,
+                                p,
+                                framed,
+                            );
+                            self.worker.apply();
+                            if ty != PacketType::Data {
+                                self.worker.publish();
+                            }
+                            if drain {
+                                tracing::info!(backend = bid, "agent is draining");
+                                (self.announce)(Msg::BackendDraining(bid));
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, backend = bid, "ignoring an undecodable packet from an agent")
+                        }
+                    }
+                }
+                // The tunnel never waits for a frontend.
+                grpc.release(id, flow);
+            }
+            GrpcEvent::Writable { id } => {
+                if let Some(&bid) = self.streams.get(&id) {
+                    if let Some(b) = self.worker.backends.borrow().get(&bid) {
+                        b.queued.set(grpc.queued_bytes(id));
+                    }
+                    self.worker.backend_drained(bid);
+                }
+            }
+            GrpcEvent::HalfClose { id } => {
+                self.gone(id);
+                let _ = grpc.finish(id, GrpcStatus::OK, "");
+            }
+            GrpcEvent::Finished { id, .. } => self.gone(id),
+            GrpcEvent::ResponseHeaders { .. } | GrpcEvent::GoAway { .. } => {}
+        }
+    }
+
+    fn after_dispatch(&mut self, grpc: &mut Grpc) {
+        self.outbox.flush(grpc);
+        let s = &self.worker.settings;
+        for (&stream, bid) in &self.streams {
+            let queued = grpc.queued_bytes(stream);
+            if let Some(b) = self.worker.backends.borrow().get(bid) {
+                b.queued.set(queued);
+            }
+            if queued >= s.tunnel_high_water {
+                grpc.notify_when_drained(stream, s.tunnel_low_water);
+            }
+        }
+    }
+
+    fn on_close(&mut self, _grpc: &mut Grpc, error: Option<&konn_core::Error>) {
+        if let Some(e) = error {
+            tracing::debug!(error = %e, "agent connection ended");
+        }
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            self.gone(id);
+        }
+        self.outbox.close();
+    }
+}
+
+/// A message re-framed with its 5-byte prefix (only for messages that were
+/// reassembled from several HTTP/2 frames).
+pub fn reframe(msg: &Bytes) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(msg.len() + 5);
+    konn_frames::grpc::encode_prefix(u32::try_from(msg.len()).unwrap_or(u32::MAX), &mut b);
+    b.extend_from_slice(msg);
+    b.freeze()
+}
+
+/// grpc-go's status message for a path the server does not serve;
+/// `registered` is the one service of that port.
+pub fn unknown_method(path: &[u8], registered: &str) -> String {
+    let path = String::from_utf8_lossy(path);
+    let trimmed = path.trim_start_matches('/');
+    match trimmed.split_once('/') {
+        Some((service, method)) if service == registered => {
+            format!("unknown method {method} for service {service}")
+        }
+        Some((service, _)) => format!("unknown service {service}"),
+        None => format!("malformed method name: {path:?}"),
+    }
+}
+
+/// Go's `%v` of a `[]string`: `[a b]`.
+fn go_slice(v: &[&Bytes]) -> String {
+    let parts: Vec<String> = v
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
+    format!("[{}]", parts.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_go_texts() {
+        assert_eq!(
+            unknown_method(b"/ProxyService/Proxy2", "ProxyService"),
+            "unknown method Proxy2 for service ProxyService"
+        );
+        assert_eq!(
+            unknown_method(b"/ProxyService/Proxy", "AgentService"),
+            "unknown service ProxyService"
+        );
+        assert_eq!(
+            unknown_method(b"/foo.Bar/Baz", "AgentService"),
+            "unknown service foo.Bar"
+        );
+        let a = Bytes::from_static(b"a");
+        let b = Bytes::from_static(b"b");
+        assert_eq!(go_slice(&[]), "[]");
+        assert_eq!(go_slice(&[&a, &b]), "[a b]");
+        let framed = reframe(&Bytes::from_static(b"xyz"));
+        assert_eq!(&framed[..], &[0, 0, 0, 0, 3, b'x', b'y', b'z']);
+    }
+}

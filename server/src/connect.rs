@@ -1,0 +1,582 @@
+//! The HTTP CONNECT frontend (`--mode=http-connect`), over a Unix socket or
+//! TCP with mTLS, with upstream's exact responses:
+//!
+//! - anything but CONNECT → 405 `this proxy only supports CONNECT passthrough`;
+//! - no agent → `HTTP/1.1 500 Internal Server Error … currently no tunnels available: No agent available`;
+//! - agent dial error → Go's `http.Response.Write` of the error text with the
+//!   status from `mapDialErrorToHTTPStatus` (502/503/504);
+//! - success → exactly `HTTP/1.1 200 Connection Established\r\n\r\n`, written
+//!   **before** any tunnel byte (upstream can race here; konn cannot: the
+//!   response and the data share one ordered writer);
+//! - bytes the client sent right after the request head are forwarded first.
+//!
+//! One task serves one connection. It waits for readability before reading
+//! (an idle connection holds no buffer), reads into a pooled buffer right
+//! after room for the DATA packet header (plaintext: no copy), and writes
+//! the agent's payloads in order, each bounded by the stuck timeout.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use konn_core::io::notify::Notify;
+use konn_core::io::runtime::{Either, race};
+use konn_core::io::tls::{Plaintext, TlsLayer};
+use konn_frames::connect::{self as http, Limits};
+use konn_frames::packet::{self, MAX_DATA_PAYLOAD};
+use monoio::buf::IoBufMut;
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, CancelableAsyncReadRent, Canceller,
+};
+use monoio::net::{TcpStream, UnixStream};
+
+use crate::backends::BackendId;
+use crate::router::{FrontendId, FrontendKind};
+use crate::worker::{FrontendRef, Stop, Worker, bump};
+
+/// Room in front of a read for the gRPC prefix and the DATA packet header.
+const HEADROOM: usize = 32;
+
+/// A CONNECT client's socket.
+pub enum Sock {
+    /// TCP (with TLS on top).
+    Tcp(TcpStream),
+    /// A Unix socket (plaintext).
+    Unix(UnixStream),
+}
+
+impl Sock {
+    async fn readable(&self) -> std::io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.readable(true).await,
+            Self::Unix(s) => s.readable(true).await,
+        }
+    }
+
+    async fn read(
+        &mut self,
+        buf: BytesMut,
+        from: usize,
+        to: usize,
+    ) -> (std::io::Result<usize>, BytesMut) {
+        let (r, slice) = match self {
+            Self::Tcp(s) => s.read(buf.slice_mut(from..to)).await,
+            Self::Unix(s) => s.read(buf.slice_mut(from..to)).await,
+        };
+        (r, slice.into_inner())
+    }
+
+    /// Read, unless `wake` fires first: then the read is cancelled and its
+    /// outcome still collected (a read that completed anyway keeps its
+    /// data). `None` means woken with nothing read.
+    async fn read_or_wake(
+        &mut self,
+        buf: BytesMut,
+        from: usize,
+        to: usize,
+        canceller: &mut Canceller,
+        wake: &Notify,
+    ) -> (Option<std::io::Result<usize>>, BytesMut) {
+        let handle = canceller.handle();
+        let slice = buf.slice_mut(from..to);
+        let (r, slice) = match self {
+            Self::Tcp(s) => read_racing(s.cancelable_read(slice, handle), canceller, wake).await,
+            Self::Unix(s) => read_racing(s.cancelable_read(slice, handle), canceller, wake).await,
+        };
+        (r, slice.into_inner())
+    }
+
+    async fn write_all(&mut self, data: Bytes) -> std::io::Result<()> {
+        let (r, _) = match self {
+            Self::Tcp(s) => s.write_all(data).await,
+            Self::Unix(s) => s.write_all(data).await,
+        };
+        r.map(|_| ())
+    }
+
+    async fn shutdown(&mut self) {
+        let _ = match self {
+            Self::Tcp(s) => s.shutdown().await,
+            Self::Unix(s) => s.shutdown().await,
+        };
+    }
+}
+
+async fn read_racing<T, F>(
+    read: F,
+    canceller: &mut Canceller,
+    wake: &Notify,
+) -> (Option<std::io::Result<usize>>, T)
+where
+    F: Future<Output = (std::io::Result<usize>, T)>,
+{
+    let mut read = std::pin::pin!(read);
+    match race(read.as_mut(), wake.notified()).await {
+        Either::Left((r, b)) => (Some(r), b),
+        Either::Right(()) => {
+            // Reuse the canceller's allocation for the next read.
+            *canceller = std::mem::take(canceller).cancel();
+            let (r, b) = read.await;
+            match r {
+                Ok(n) => (Some(Ok(n)), b),
+                Err(_) => (None, b), // cancelled
+            }
+        }
+    }
+}
+
+/// The router's side of one CONNECT connection.
+pub struct ConnectFrontend {
+    /// Agent payloads to write to the client, in order.
+    queue: RefCell<VecDeque<Bytes>>,
+    queued: Cell<usize>,
+    /// The agent's connection, once the dial succeeded.
+    established: Cell<Option<(BackendId, i64)>>,
+    /// The dial failed: this response, then close.
+    failure: RefCell<Option<Bytes>>,
+    /// Close after writing what is queued.
+    closed: Cell<bool>,
+    wake: Notify,
+}
+
+impl ConnectFrontend {
+    fn new() -> Self {
+        Self {
+            queue: RefCell::new(VecDeque::new()),
+            queued: Cell::new(0),
+            established: Cell::new(None),
+            failure: RefCell::new(None),
+            closed: Cell::new(false),
+            wake: Notify::new(),
+        }
+    }
+
+    /// The dial succeeded.
+    pub fn established(&self, backend: BackendId, connect_id: i64) {
+        self.established.set(Some((backend, connect_id)));
+        self.wake.notify();
+    }
+
+    /// Agent payload for the client.
+    pub fn push(&self, data: Bytes) {
+        self.queued.set(self.queued.get() + data.len());
+        self.queue.borrow_mut().push_back(data);
+        self.wake.notify();
+    }
+
+    /// The dial failed with this response.
+    pub fn fail(&self, response: Bytes) {
+        *self.failure.borrow_mut() = Some(response);
+        self.wake.notify();
+    }
+
+    /// The connection ends (agent closed, backend gone).
+    pub fn close(&self) {
+        self.closed.set(true);
+        self.wake.notify();
+    }
+
+    /// The server is stopping: drop what is queued and end now.
+    pub fn abort(&self) {
+        self.queue.borrow_mut().clear();
+        self.queued.set(0);
+        self.close();
+    }
+}
+
+/// A connection's socket with optional TLS, driven by one task.
+pub struct Wire {
+    sock: Sock,
+    tls: Option<TlsLayer>,
+    /// Ciphertext read but not yet taken by TLS.
+    cipher: BytesMut,
+    /// Plaintext decrypted but not yet consumed.
+    plain: BytesMut,
+    eof: bool,
+    canceller: Canceller,
+}
+
+impl Wire {
+    /// A wire over `sock`, with `tls` for TCP, and bytes already read.
+    pub fn new(sock: Sock, tls: Option<TlsLayer>, plain: BytesMut) -> Self {
+        Self {
+            sock,
+            tls,
+            cipher: BytesMut::new(),
+            plain,
+            eof: false,
+            canceller: Canceller::new(),
+        }
+    }
+
+    /// Parts for a migration: socket, TLS state, unread plaintext.
+    pub fn into_parts(self) -> (Sock, Option<TlsLayer>, BytesMut) {
+        (self.sock, self.tls, self.plain)
+    }
+
+    /// Read more plaintext into `self.plain` (TLS: decrypt; answer handshake
+    /// messages). Returns false at EOF.
+    async fn fill(&mut self) -> Result<bool, konn_core::Error> {
+        match self.fill_or_wake(None).await? {
+            Some(more) => Ok(more),
+            None => Ok(true),
+        }
+    }
+
+    /// Like `fill`, but gives up (returning `None`) when `wake` fires first.
+    async fn fill_or_wake(
+        &mut self,
+        wake: Option<&Notify>,
+    ) -> Result<Option<bool>, konn_core::Error> {
+        if self.eof {
+            return Ok(Some(false));
+        }
+        let into_plain = self.tls.is_none();
+        let mut buf = std::mem::take(if into_plain {
+            &mut self.plain
+        } else {
+            &mut self.cipher
+        });
+        let len = buf.len();
+        buf.reserve(16 * 1024);
+        let cap = buf.capacity();
+        let (r, buf) = match wake {
+            Some(w) => {
+                self.sock
+                    .read_or_wake(buf, len, cap, &mut self.canceller, w)
+                    .await
+            }
+            None => {
+                let (r, b) = self.sock.read(buf, len, cap).await;
+                (Some(r), b)
+            }
+        };
+        *(if into_plain {
+            &mut self.plain
+        } else {
+            &mut self.cipher
+        }) = buf;
+        let Some(r) = r else { return Ok(None) };
+        let n = r.map_err(konn_core::Error::Io)?;
+        if into_plain {
+            self.eof = n == 0;
+            return Ok(Some(n > 0));
+        }
+        let tls = self.tls.as_mut().expect("checked");
+        if n == 0 {
+            tls.feed_eof()?;
+            self.eof = true;
+        }
+        loop {
+            let used = tls.feed_tls(&self.cipher)?;
+            let _ = self.cipher.split_to(used);
+            loop {
+                match tls.read_plaintext(&mut self.plain)? {
+                    Plaintext::Data(_) => {}
+                    Plaintext::Empty => break,
+                    Plaintext::Eof => {
+                        self.eof = true;
+                        break;
+                    }
+                }
+            }
+            if used == 0 || self.cipher.is_empty() {
+                break;
+            }
+        }
+        self.flush_tls().await?;
+        Ok(Some(!self.eof || !self.plain.is_empty()))
+    }
+
+    /// Write TLS output (handshake, alerts) the layer has queued.
+    async fn flush_tls(&mut self) -> Result<(), konn_core::Error> {
+        let Some(tls) = self.tls.as_mut() else {
+            return Ok(());
+        };
+        let mut out = BytesMut::new();
+        tls.take_tls(&mut out);
+        if !out.is_empty() {
+            self.sock
+                .write_all(out.freeze())
+                .await
+                .map_err(konn_core::Error::Io)?;
+        }
+        Ok(())
+    }
+
+    /// Write bytes to the client.
+    async fn send(&mut self, data: Bytes) -> Result<(), konn_core::Error> {
+        let Some(tls) = self.tls.as_mut() else {
+            return self
+                .sock
+                .write_all(data)
+                .await
+                .map_err(konn_core::Error::Io);
+        };
+        let _ = tls;
+        let mut rest = &data[..];
+        while !rest.is_empty() {
+            let n = self.tls.as_mut().expect("checked").write_plaintext(rest)?;
+            rest = &rest[n..];
+            self.flush_tls().await?;
+            if n == 0 {
+                return Err(konn_core::Error::TlsWriteAfterClose);
+            }
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) {
+        if let Some(tls) = self.tls.as_mut() {
+            tls.send_close_notify();
+            let _ = monoio::time::timeout(Duration::from_secs(1), self.flush_tls()).await;
+        }
+        self.sock.shutdown().await;
+    }
+}
+
+/// Why the request phase ended.
+pub enum Head {
+    /// A CONNECT to this address; the wire holds any bytes after the head.
+    Connect(String),
+    /// Answered (405, 400, 431…) or the client left.
+    Done,
+}
+
+/// Read and parse the request head (bounded by the header timeout).
+pub async fn read_head(wire: &mut Wire, timeout: Duration) -> Head {
+    let limits = Limits::default();
+    let deadline = monoio::time::Instant::now() + timeout;
+    loop {
+        match http::parse_request(&wire.plain, &limits) {
+            Ok(Some((req, used))) => {
+                if req.method != "CONNECT" {
+                    let body = "this proxy only supports CONNECT passthrough\n";
+                    let resp = format!(
+                        "HTTP/1.1 405 Method Not Allowed\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = wire.send(Bytes::from(resp)).await;
+                    return Head::Done;
+                }
+                let target = req.target.to_owned();
+                let _ = wire.plain.split_to(used);
+                return Head::Connect(target);
+            }
+            Ok(None) => {}
+            Err(
+                konn_frames::Error::ConnectHeadTooLarge { .. }
+                | konn_frames::Error::ConnectTooManyHeaders { .. },
+            ) => {
+                let _ = wire
+                    .send(Bytes::from_static(
+                        b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large",
+                    ))
+                    .await;
+                return Head::Done;
+            }
+            Err(_) => {
+                let _ = wire
+                    .send(Bytes::from_static(
+                        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request",
+                    ))
+                    .await;
+                return Head::Done;
+            }
+        }
+        match monoio::time::timeout_at(deadline, wire.fill()).await {
+            Ok(Ok(true)) => {}
+            _ => return Head::Done, // EOF, error or header timeout
+        }
+    }
+}
+
+/// Serve a CONNECT whose head was read on this core (or moved here):
+/// dial, relay, close.
+pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
+    let fid = worker.next_id();
+    let cf = Rc::new(ConnectFrontend::new());
+    let weak = Rc::downgrade(&cf);
+    worker.connections.borrow_mut().insert(
+        fid,
+        Box::new(move |how| {
+            // CONNECT has no GOAWAY: a graceful stop lets it finish.
+            if let (Stop::Now, Some(cf)) = (how, weak.upgrade()) {
+                cf.abort();
+            }
+        }),
+    );
+    worker
+        .router
+        .borrow_mut()
+        .frontend_opened(fid, FrontendKind::HttpConnect);
+    worker
+        .frontends
+        .borrow_mut()
+        .insert(fid, FrontendRef::Connect(cf.clone()));
+    bump(&worker.shared.http_connections, true);
+    worker.metrics.http_connections().inc();
+    let random = worker.random();
+    let dial = worker.dial_random();
+    worker.router.borrow_mut().connect_request(
+        konn_core::io::clock::now(),
+        fid,
+        &target,
+        dial,
+        random,
+    );
+    worker.apply();
+    worker.publish();
+    relay(&worker, fid, &cf, &mut wire).await;
+    // Whatever happened, the router forgets this frontend (idempotent).
+    worker.frontends.borrow_mut().remove(&fid);
+    worker.router.borrow_mut().frontend_gone(fid);
+    worker.apply();
+    worker.publish();
+    wire.close().await;
+    worker.connections.borrow_mut().remove(&fid);
+    bump(&worker.shared.http_connections, false);
+    worker.metrics.http_connections().dec();
+}
+
+async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mut Wire) {
+    // Until the dial ends, nothing is read (as upstream): the client's
+    // early bytes wait in the socket, and the router's dial deadline bounds
+    // the wait.
+    let (backend, connect_id) = loop {
+        let failure = cf.failure.borrow_mut().take();
+        if let Some(resp) = failure {
+            let _ = wire.send(resp).await;
+            return;
+        }
+        if cf.closed.get() {
+            return;
+        }
+        if let Some(e) = cf.established.get() {
+            break e;
+        }
+        cf.wake.notified().await;
+    };
+    if wire
+        .send(Bytes::from_static(http::ESTABLISHED))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    // Client bytes that came with the request head go first.
+    while !wire.plain.is_empty() {
+        let n = wire.plain.len().min(MAX_DATA_PAYLOAD);
+        let chunk = wire.plain.split_to(n);
+        send_data(worker, fid, connect_id, &chunk, None);
+    }
+    loop {
+        // Agent → client, in order, each write bounded.
+        let next = cf.queue.borrow_mut().pop_front();
+        if let Some(data) = next {
+            cf.queued.set(cf.queued.get() - data.len());
+            match monoio::time::timeout(worker.settings.stuck_timeout, wire.send(data)).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    worker
+                        .router
+                        .borrow_mut()
+                        .frontend_stuck(fid, "konn: client stopped reading; connection closed");
+                    worker.apply();
+                    return;
+                }
+            }
+        }
+        if cf.closed.get() {
+            return;
+        }
+        // Client → agent, paused while the tunnel is congested.
+        if worker.congested(backend) {
+            let drained = worker
+                .backends
+                .borrow()
+                .get(&backend)
+                .map(|b| b.drained.clone());
+            let drained = async {
+                if let Some(d) = drained {
+                    d.wait().await;
+                }
+            };
+            race(cf.wake.notified(), drained).await;
+            continue;
+        }
+        if wire.tls.is_none() {
+            // Plaintext: wait for data first (an idle connection holds no
+            // buffer), then read straight into a pooled buffer after the
+            // headroom; agent data arriving meanwhile interrupts the read.
+            if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable()).await {
+                continue;
+            }
+            let mut buf = worker.pool.acquire().await;
+            buf.resize(HEADROOM, 0);
+            let (r, buf) = wire
+                .sock
+                .read_or_wake(
+                    buf,
+                    HEADROOM,
+                    HEADROOM + MAX_DATA_PAYLOAD,
+                    &mut wire.canceller,
+                    &cf.wake,
+                )
+                .await;
+            match r {
+                None => continue,
+                Some(Ok(n)) if n > 0 => send_data(worker, fid, connect_id, &[], Some((buf, n))),
+                Some(_) => return, // client EOF or error: CLOSE_REQ via frontend_gone
+            }
+        } else {
+            match wire.fill_or_wake(Some(&cf.wake)).await {
+                Ok(None) => {}
+                Ok(Some(more)) => {
+                    while !wire.plain.is_empty() {
+                        let n = wire.plain.len().min(MAX_DATA_PAYLOAD);
+                        let chunk = wire.plain.split_to(n);
+                        send_data(worker, fid, connect_id, &chunk, None);
+                    }
+                    if !more || wire.eof {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Frame client bytes as a DATA packet and hand them to the router: either
+/// a copy of `data`, or a pooled buffer holding `n` bytes after HEADROOM
+/// (built in place, no copy).
+fn send_data(
+    worker: &Worker,
+    fid: FrontendId,
+    connect_id: i64,
+    data: &[u8],
+    pooled: Option<(BytesMut, usize)>,
+) {
+    let framed = match pooled {
+        Some((mut buf, n)) => {
+            let hl = packet::data_header_len(connect_id, n);
+            let start = HEADROOM - hl;
+            packet::encode_data_header(connect_id, n, &mut &mut buf[start..HEADROOM]);
+            buf.freeze().slice(start..HEADROOM + n)
+        }
+        None => {
+            let mut b = BytesMut::with_capacity(data.len() + HEADROOM);
+            packet::encode_data_header(connect_id, data.len(), &mut b);
+            b.extend_from_slice(data);
+            b.freeze()
+        }
+    };
+    if worker.router.borrow_mut().connect_data(fid, framed) {
+        worker.forwarding.set(packet::PacketType::Data);
+        worker.apply();
+    }
+}

@@ -1,0 +1,276 @@
+//! The gRPC frontend: `/ProxyService/Proxy` streams from kube-apiserver's
+//! konnectivity-client become router frontends.
+//!
+//! Placement: a connection stays on the core that accepted it while its
+//! dials go to tunnels of that core. When the first DIAL_REQ of a
+//! single-stream connection (what kube-apiserver's single-use tunnels are)
+//! picks an agent on another core, the connection *moves* there: the
+//! handler stashes the event, asks the driver to stop between two reads,
+//! and `serve` ships socket and state to that core, where the stashed
+//! event is replayed (docs/design/cross-core.md).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use konn_core::io::driver::Handler;
+use konn_core::proto::grpc::{Grpc, GrpcEvent};
+use konn_core::proto::h2::Headers;
+use konn_frames::GrpcStatus;
+use konn_frames::packet::{Packet, PacketType};
+
+use crate::agents::{reframe, unknown_method};
+use crate::metrics::{Segment, ServiceMethod};
+use crate::router::{FrontendId, FrontendKind};
+use crate::worker::{FrontendRef, Outbox, Worker, bump};
+
+/// A connection leaving for another core.
+#[derive(Default)]
+pub struct Plan {
+    /// The core it goes to.
+    pub target: usize,
+    /// Its streams (call ids already accepted).
+    pub streams: Vec<u32>,
+    /// Events to replay there, in order.
+    pub stashed: Vec<GrpcEvent>,
+}
+
+/// The handler of one frontend connection.
+pub struct FrontendConn {
+    worker: Rc<Worker>,
+    outbox: Rc<Outbox>,
+    streams: HashMap<u32, FrontendId>,
+    detach: Rc<Cell<bool>>,
+    plan: Rc<RefCell<Option<Plan>>>,
+    /// A connection that already moved once does not move again.
+    may_move: bool,
+}
+
+impl FrontendConn {
+    /// A handler for a new connection; `plan` receives the move plan when
+    /// the connection must migrate.
+    pub fn new(worker: Rc<Worker>, outbox: Rc<Outbox>, plan: Rc<RefCell<Option<Plan>>>) -> Self {
+        Self {
+            worker,
+            outbox,
+            streams: HashMap::new(),
+            detach: Rc::new(Cell::new(false)),
+            plan,
+            may_move: true,
+        }
+    }
+
+    /// The driver's detach flag (`ConnHandle::detach_flag`).
+    pub fn set_detach_flag(&mut self, flag: Rc<Cell<bool>>) {
+        self.detach = flag;
+    }
+
+    /// Never move this connection (it already moved once).
+    pub fn no_more_moves(&mut self) {
+        self.may_move = false;
+    }
+
+    /// Take over the streams of a connection that moved here.
+    pub fn adopt(&mut self, streams: &[u32]) {
+        for &id in streams {
+            self.open(id);
+        }
+    }
+
+    fn open(&mut self, id: u32) {
+        let fid = self.worker.next_id();
+        self.worker
+            .router
+            .borrow_mut()
+            .frontend_opened(fid, FrontendKind::Grpc);
+        self.worker.frontends.borrow_mut().insert(
+            fid,
+            FrontendRef::Grpc {
+                outbox: self.outbox.clone(),
+                stream: id,
+            },
+        );
+        self.streams.insert(id, fid);
+        bump(&self.worker.shared.proxy_streams, true);
+        self.worker
+            .metrics
+            .grpc_connections(ServiceMethod::Proxy)
+            .inc();
+    }
+
+    fn gone(&mut self, id: u32) {
+        let Some(fid) = self.streams.remove(&id) else {
+            return;
+        };
+        self.worker.frontends.borrow_mut().remove(&fid);
+        self.worker.router.borrow_mut().frontend_gone(fid);
+        self.worker.apply();
+        self.worker.publish();
+        bump(&self.worker.shared.proxy_streams, false);
+        self.worker
+            .metrics
+            .grpc_connections(ServiceMethod::Proxy)
+            .dec();
+    }
+
+    /// Decide whether this DIAL_REQ moves the connection; if so, record the
+    /// plan and ask the driver to stop.
+    fn should_move(&mut self, fid: FrontendId, address: &str, random: u64) -> bool {
+        if !self.may_move
+            || self.streams.len() != 1
+            || self.worker.router.borrow().frontend_dialled(fid)
+        {
+            return false;
+        }
+        let target = {
+            let router = self.worker.router.borrow();
+            router
+                .directory()
+                .pick(address, random, self.worker.index)
+                .map(|e| e.core)
+        };
+        match target {
+            Some(t) if t != self.worker.index => {
+                *self.plan.borrow_mut() = Some(Plan {
+                    target: t,
+                    streams: self.streams.keys().copied().collect(),
+                    stashed: Vec::new(),
+                });
+                self.detach.set(true);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Handler<Grpc> for FrontendConn {
+    fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent) {
+        if let Some(plan) = self.plan.borrow_mut().as_mut() {
+            plan.stashed.push(event);
+            return;
+        }
+        match event {
+            GrpcEvent::Call { id, path, .. } => {
+                if path != "/ProxyService/Proxy" {
+                    let _ = grpc.finish(
+                        id,
+                        GrpcStatus::UNIMPLEMENTED,
+                        &unknown_method(&path, "ProxyService"),
+                    );
+                    return;
+                }
+                if grpc.accept(id, &Headers::new()).is_ok() {
+                    self.open(id);
+                }
+            }
+            GrpcEvent::Message {
+                id,
+                msg,
+                framed,
+                flow,
+            } => {
+                let Some(&fid) = self.streams.get(&id) else {
+                    grpc.release(id, flow);
+                    return;
+                };
+                let packet = match Packet::decode(&msg) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "ignoring an undecodable packet from a frontend");
+                        grpc.release(id, flow);
+                        return;
+                    }
+                };
+                let random = self.worker.random();
+                if let Packet::DialReq { address, .. } = &packet
+                    && self.should_move(fid, address, random)
+                {
+                    // Forget it here (nothing pending yet); the new core
+                    // registers it again and replays this message.
+                    self.streams.remove(&id);
+                    self.worker.frontends.borrow_mut().remove(&fid);
+                    self.worker.router.borrow_mut().frontend_gone(fid);
+                    bump(&self.worker.shared.proxy_streams, false);
+                    self.worker
+                        .metrics
+                        .grpc_connections(ServiceMethod::Proxy)
+                        .dec();
+                    if let Some(plan) = self.plan.borrow_mut().as_mut() {
+                        plan.stashed.push(GrpcEvent::Message {
+                            id,
+                            msg,
+                            framed,
+                            flow,
+                        });
+                    }
+                    return;
+                }
+                let ty = packet.ty();
+                self.worker
+                    .metrics
+                    .stream_packets(Segment::FromClient, ty)
+                    .inc();
+                self.worker.forwarding.set(ty);
+                let framed = framed.unwrap_or_else(|| reframe(&msg));
+                self.worker.router.borrow_mut().frontend_packet(
+                    konn_core::io::clock::now(),
+                    fid,
+                    packet,
+                    framed,
+                    random,
+                );
+                self.worker.apply();
+                if ty != PacketType::Data {
+                    self.worker.publish();
+                }
+                let backend = self.worker.router.borrow().frontend_backend(fid);
+                self.worker.credit(backend, &self.outbox, id, flow, grpc);
+            }
+            GrpcEvent::HalfClose { id } => {
+                // The client is done (upstream: Recv returns EOF, the
+                // handler returns nil): clean up and end with OK.
+                self.gone(id);
+                let _ = grpc.finish(id, GrpcStatus::OK, "");
+            }
+            GrpcEvent::Finished { id, .. } => self.gone(id),
+            GrpcEvent::Writable { .. }
+            | GrpcEvent::ResponseHeaders { .. }
+            | GrpcEvent::GoAway { .. } => {}
+        }
+    }
+
+    fn after_dispatch(&mut self, grpc: &mut Grpc) {
+        self.outbox.flush(grpc);
+        let limit = self.worker.settings.frontend_queue_limit;
+        let stuck: Vec<FrontendId> = self
+            .streams
+            .iter()
+            .filter(|(stream, _)| grpc.queued_bytes(**stream) > limit)
+            .map(|(_, fid)| *fid)
+            .collect();
+        for fid in stuck {
+            tracing::info!(
+                frontend = fid,
+                "frontend stopped reading; closing its connection"
+            );
+            self.worker
+                .router
+                .borrow_mut()
+                .frontend_stuck(fid, "konn: frontend stopped reading; connection closed");
+            self.worker.apply();
+            self.outbox.flush(grpc);
+        }
+    }
+
+    fn on_close(&mut self, _grpc: &mut Grpc, error: Option<&konn_core::Error>) {
+        if let Some(e) = error {
+            tracing::debug!(error = %e, "frontend connection ended");
+        }
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            self.gone(id);
+        }
+        self.outbox.close();
+    }
+}

@@ -1,0 +1,989 @@
+//! The proxy-server's protocol state machine, one per core (sans-IO).
+//!
+//! The router knows every frontend (a `/ProxyService/Proxy` stream or an
+//! HTTP CONNECT connection) and every backend (an agent's
+//! `/AgentService/Connect` stream) of its core, the dials in flight and the
+//! established connections, and applies upstream's packet semantics
+//! (reference §2) to them. It never touches a socket or the clock: the IO
+//! layer feeds it packets, lifecycle events and `now`, and performs the
+//! [`Action`]s it produces.
+//!
+//! What konn adds to upstream's semantics:
+//! - a pending dial always ends: on DIAL_RSP, on its deadline (default on),
+//!   when its frontend goes away, **and when its backend goes away**
+//!   (upstream `TODO(#126)`);
+//! - DIAL_CLS from a frontend is forwarded to the agent, which konn's agent
+//!   honours (upstream drops it at the server);
+//! - a frontend may only send DATA and CLOSE_REQ for connections it
+//!   established (upstream forwards any connectID to the agent);
+//! - limits on pending dials per frontend and per backend.
+//!
+//! Packets that are forwarded unchanged travel as their received gRPC
+//! message bytes ([`Payload::Forward`]); the router only decodes them to
+//! route. Packets it makes up are [`Payload::Packet`]s for the IO layer to
+//! encode.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use konn_frames::packet::{ByteStr, Packet, PacketType};
+
+use crate::backends::{BackendId, Directory, Entry, Identifiers};
+
+/// Identity of one frontend: unique per server process.
+pub type FrontendId = u64;
+
+/// The error text of a dial with no backend (upstream `ErrNotFound`).
+pub const NO_AGENT: &str = "No agent available";
+/// The error text of a dial that timed out at the server (upstream
+/// `errBackendDialTimeout`).
+pub const BACKEND_DIAL_TIMEOUT: &str = "timed out waiting for backend dial";
+/// The error text of a dial whose agent disconnected before answering.
+pub const BACKEND_GONE: &str = "backend connection closed before the dial completed";
+
+/// How a frontend reached us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrontendKind {
+    /// A `/ProxyService/Proxy` gRPC stream.
+    Grpc,
+    /// An HTTP CONNECT connection.
+    HttpConnect,
+}
+
+/// A packet leaving the router.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Payload {
+    /// A received packet, forwarded as its original gRPC message bytes
+    /// (5-byte prefix included).
+    Forward(Bytes),
+    /// A packet made up by the router.
+    Packet(Packet),
+}
+
+/// Why a dial failed (the `reason` label of `dial_failure_count`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DialFailure {
+    /// No backend for the address.
+    NoAgent,
+    /// The agent answered DIAL_RSP with an error.
+    ErrorResponse,
+    /// A DIAL_RSP for a dial we do not know.
+    UnrecognizedResponse,
+    /// The DIAL_RSP could not be delivered to the frontend.
+    SendResponse,
+    /// The backend went away or sent DIAL_CLS.
+    BackendClose,
+    /// The dial did not complete in time.
+    BackendDialTimeout,
+    /// The frontend cancelled or went away.
+    FrontendClose,
+}
+
+impl DialFailure {
+    /// The metric label value.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::NoAgent => "no_agent",
+            Self::ErrorResponse => "error_response",
+            Self::UnrecognizedResponse => "unrecognized_response",
+            Self::SendResponse => "send_rsp",
+            Self::BackendClose => "backend_close",
+            Self::BackendDialTimeout => "backend_dial_timeout",
+            Self::FrontendClose => "frontend_close",
+        }
+    }
+}
+
+/// Something the IO layer must do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Send a packet to a backend (agent).
+    ToBackend {
+        /// The backend.
+        backend: BackendId,
+        /// The packet.
+        payload: Payload,
+    },
+    /// Send a packet to a gRPC frontend.
+    ToFrontend {
+        /// The frontend.
+        frontend: FrontendId,
+        /// The packet.
+        payload: Payload,
+    },
+    /// CONNECT frontend: the dial succeeded; write
+    /// `HTTP/1.1 200 Connection Established` and start relaying. Agent DATA
+    /// for it follows as [`Action::ConnectData`].
+    ConnectEstablished {
+        /// The frontend.
+        frontend: FrontendId,
+        /// Its backend.
+        backend: BackendId,
+        /// The agent's connectID.
+        connect_id: i64,
+    },
+    /// CONNECT frontend: write this payload to the socket.
+    ConnectData {
+        /// The frontend.
+        frontend: FrontendId,
+        /// Payload bytes (a slice of the received message).
+        data: Bytes,
+    },
+    /// CONNECT frontend: the dial failed; write this raw HTTP response and
+    /// close the socket.
+    ConnectFailed {
+        /// The frontend.
+        frontend: FrontendId,
+        /// The complete response bytes, upstream's exact text.
+        response: Bytes,
+    },
+    /// Close a frontend: for gRPC end the stream (status OK), for CONNECT
+    /// close the socket. The router has already forgotten it.
+    CloseFrontend {
+        /// The frontend.
+        frontend: FrontendId,
+    },
+    /// A dial failed (metrics).
+    DialFailed(DialFailure),
+    /// A dial succeeded after this long (metrics: `dial_duration_seconds`).
+    DialSucceeded(Duration),
+}
+
+/// Router settings.
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    /// This router's core (backend selection prefers its tunnels).
+    pub core: usize,
+    /// Bound on a pending dial (konn: always on).
+    pub dial_timeout: Duration,
+    /// Pending dials one frontend may have.
+    pub max_pending_per_frontend: usize,
+    /// Pending dials one backend may have.
+    pub max_pending_per_backend: usize,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            core: 0,
+            dial_timeout: Duration::from_secs(30),
+            max_pending_per_frontend: 16,
+            max_pending_per_backend: 4096,
+        }
+    }
+}
+
+/// A dial in flight.
+#[derive(Debug)]
+struct Pending {
+    frontend: FrontendId,
+    backend: BackendId,
+    started: Instant,
+    deadline: Instant,
+}
+
+#[derive(Debug)]
+struct Frontend {
+    kind: FrontendKind,
+    /// The backend of its latest DIAL_REQ (upstream's `backend` variable).
+    backend: Option<BackendId>,
+    /// Dials in flight (randoms).
+    pending: Vec<i64>,
+    /// Established connections (backend, connectID).
+    established: Vec<(BackendId, i64)>,
+    /// The first DATA's connectID (one connection per stream, as upstream).
+    first_conn_id: i64,
+    /// Upstream stops serving a frontend after some packets (no agent,
+    /// CLOSE_REQ, mismatched ids): later packets are ignored.
+    done: bool,
+}
+
+#[derive(Debug, Default)]
+struct Backend {
+    /// Established connections: connectID → frontend.
+    established: HashMap<i64, FrontendId>,
+    /// Pending dials sent to this backend.
+    pending: BTreeSet<i64>,
+}
+
+/// Counters the metrics layer reads (per core).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouterStats {
+    /// Dials in flight.
+    pub pending_dials: usize,
+    /// Established end-to-end connections.
+    pub established: usize,
+    /// Frontends known.
+    pub frontends: usize,
+    /// Local backends.
+    pub backends: usize,
+}
+
+/// The per-core router. See the module docs.
+#[derive(Debug)]
+pub struct Router {
+    cfg: RouterConfig,
+    directory: Directory,
+    backends: HashMap<BackendId, Backend>,
+    frontends: HashMap<FrontendId, Frontend>,
+    pending: HashMap<i64, Pending>,
+    actions: std::collections::VecDeque<Action>,
+}
+
+impl Router {
+    /// A router with the backend `directory` (strategies inside).
+    pub fn new(cfg: RouterConfig, directory: Directory) -> Self {
+        Self {
+            cfg,
+            directory,
+            backends: HashMap::new(),
+            frontends: HashMap::new(),
+            pending: HashMap::new(),
+            actions: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The backend directory (this core's replica).
+    pub fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
+    /// Mutable access to the directory, for entries of other cores.
+    pub fn directory_mut(&mut self) -> &mut Directory {
+        &mut self.directory
+    }
+
+    /// The next action to perform.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Counters for metrics and leak checks.
+    pub fn stats(&self) -> RouterStats {
+        RouterStats {
+            pending_dials: self.pending.len(),
+            established: self.backends.values().map(|b| b.established.len()).sum(),
+            frontends: self.frontends.len(),
+            backends: self.backends.len(),
+        }
+    }
+
+    /// The backend a frontend's latest dial went to.
+    pub fn frontend_backend(&self, id: FrontendId) -> Option<BackendId> {
+        self.frontends.get(&id).and_then(|f| f.backend)
+    }
+
+    /// Whether a frontend has dialled (or been refused) already.
+    pub fn frontend_dialled(&self, id: FrontendId) -> bool {
+        self.frontends
+            .get(&id)
+            .is_some_and(|f| f.backend.is_some() || f.done)
+    }
+
+    /// Publish every local backend's load to its directory entry (call after
+    /// control events; the values are read by `/debug/backends`).
+    pub fn publish_loads(&self) {
+        for (id, b) in &self.backends {
+            if let Some(e) = self.directory.get(*id) {
+                e.load.set(b.established.len(), b.pending.len());
+            }
+        }
+    }
+
+    /// Connections open and dials pending on one backend (for
+    /// `/debug/backends`).
+    pub fn backend_load(&self, id: BackendId) -> (usize, usize) {
+        self.backends
+            .get(&id)
+            .map_or((0, 0), |b| (b.established.len(), b.pending.len()))
+    }
+
+    // ----- backends ---------------------------------------------------------
+
+    /// An agent tunnel opened on this core (metadata already validated).
+    pub fn backend_connected(
+        &mut self,
+        id: BackendId,
+        agent_id: String,
+        identifiers: Identifiers,
+        core: usize,
+    ) {
+        self.backends.insert(id, Backend::default());
+        self.directory.add(Entry {
+            id,
+            agent_id,
+            identifiers,
+            core,
+            draining: false,
+            load: std::sync::Arc::default(),
+        });
+    }
+
+    /// The agent tunnel is gone: its connections close and its pending
+    /// dials fail now.
+    pub fn backend_gone(&mut self, id: BackendId) {
+        self.directory.remove(id);
+        let Some(b) = self.backends.remove(&id) else {
+            return;
+        };
+        let mut established: Vec<(i64, FrontendId)> = b.established.into_iter().collect();
+        established.sort_unstable();
+        for (connect_id, fid) in established {
+            let Some(f) = self.frontends.get_mut(&fid) else {
+                continue;
+            };
+            f.established
+                .retain(|&(bid, c)| !(bid == id && c == connect_id));
+            match f.kind {
+                FrontendKind::Grpc => self.actions.push_back(Action::ToFrontend {
+                    frontend: fid,
+                    payload: Payload::Packet(Packet::CloseRsp {
+                        error: ByteStr::new(),
+                        connect_id,
+                    }),
+                }),
+                FrontendKind::HttpConnect => self.close_frontend(fid),
+            }
+        }
+        for random in b.pending {
+            let Some(p) = self.pending.remove(&random) else {
+                continue;
+            };
+            self.actions
+                .push_back(Action::DialFailed(DialFailure::BackendClose));
+            self.fail_dial(p.frontend, random, BACKEND_GONE, DialFail::BackendGone);
+        }
+    }
+
+    /// A packet from an agent. `framed` is its received gRPC message.
+    pub fn backend_packet(&mut self, now: Instant, id: BackendId, packet: Packet, framed: Bytes) {
+        if !self.backends.contains_key(&id) {
+            return;
+        }
+        match packet {
+            Packet::DialRsp {
+                error,
+                connect_id,
+                random,
+            } => self.on_dial_rsp(now, id, random, connect_id, &error, framed),
+            Packet::DialCls { random } => {
+                if self.pending.get(&random).is_none_or(|p| p.backend != id) {
+                    return;
+                }
+                let p = self.pending.remove(&random).expect("checked");
+                self.unlink_pending(&p, random);
+                self.actions
+                    .push_back(Action::DialFailed(DialFailure::BackendClose));
+                match self.frontends.get(&p.frontend).map(|f| f.kind) {
+                    Some(FrontendKind::Grpc) => self.actions.push_back(Action::ToFrontend {
+                        frontend: p.frontend,
+                        payload: Payload::Forward(framed),
+                    }),
+                    Some(FrontendKind::HttpConnect) => self.close_frontend(p.frontend),
+                    None => {}
+                }
+            }
+            Packet::Data {
+                connect_id, data, ..
+            } => {
+                if connect_id == 0 {
+                    return;
+                }
+                let Some(&fid) = self.backends[&id].established.get(&connect_id) else {
+                    self.close_req(id, connect_id);
+                    return;
+                };
+                match self.frontends.get(&fid).map(|f| f.kind) {
+                    Some(FrontendKind::Grpc) => self.actions.push_back(Action::ToFrontend {
+                        frontend: fid,
+                        payload: Payload::Forward(framed),
+                    }),
+                    Some(FrontendKind::HttpConnect) => {
+                        self.actions.push_back(Action::ConnectData {
+                            frontend: fid,
+                            data,
+                        });
+                    }
+                    None => self.close_req(id, connect_id),
+                }
+            }
+            Packet::CloseRsp { connect_id, .. } => {
+                let Some(fid) = self
+                    .backends
+                    .get_mut(&id)
+                    .and_then(|b| b.established.remove(&connect_id))
+                else {
+                    return; // already closed
+                };
+                let Some(f) = self.frontends.get_mut(&fid) else {
+                    return;
+                };
+                f.established
+                    .retain(|&(b, c)| !(b == id && c == connect_id));
+                match f.kind {
+                    FrontendKind::Grpc => self.actions.push_back(Action::ToFrontend {
+                        frontend: fid,
+                        payload: Payload::Forward(framed),
+                    }),
+                    FrontendKind::HttpConnect => self.close_frontend(fid),
+                }
+            }
+            Packet::Drain => self.directory.set_draining(id),
+            // An agent never sends these; upstream ignores them too.
+            Packet::DialReq { .. } | Packet::CloseReq { .. } => {}
+        }
+    }
+
+    fn on_dial_rsp(
+        &mut self,
+        now: Instant,
+        id: BackendId,
+        random: i64,
+        connect_id: i64,
+        error: &str,
+        framed: Bytes,
+    ) {
+        // Only the backend the dial went to may answer it.
+        if self.pending.get(&random).is_none_or(|p| p.backend != id) {
+            self.actions
+                .push_back(Action::DialFailed(DialFailure::UnrecognizedResponse));
+            if connect_id != 0 {
+                self.close_req(id, connect_id);
+            }
+            return;
+        }
+        let p = self.pending.remove(&random).expect("checked");
+        self.unlink_pending(&p, random);
+        let fid = p.frontend;
+        let Some(kind) = self.frontends.get(&fid).map(|f| f.kind) else {
+            if connect_id != 0 {
+                self.close_req(id, connect_id);
+            }
+            return;
+        };
+        if !error.is_empty() {
+            self.actions
+                .push_back(Action::DialFailed(DialFailure::ErrorResponse));
+            match kind {
+                FrontendKind::Grpc => self.actions.push_back(Action::ToFrontend {
+                    frontend: fid,
+                    payload: Payload::Forward(framed),
+                }),
+                FrontendKind::HttpConnect => {
+                    self.actions.push_back(Action::ConnectFailed {
+                        frontend: fid,
+                        response: dial_error_response(error),
+                    });
+                    self.forget_frontend(fid);
+                }
+            }
+            return;
+        }
+        if connect_id == 0 {
+            // A success without an id cannot carry data.
+            self.actions
+                .push_back(Action::DialFailed(DialFailure::ErrorResponse));
+            self.fail_dial(
+                fid,
+                random,
+                "dial response without a connection id",
+                DialFail::Error,
+            );
+            return;
+        }
+        self.backends
+            .get_mut(&id)
+            .expect("checked")
+            .established
+            .insert(connect_id, fid);
+        if let Some(f) = self.frontends.get_mut(&fid) {
+            f.established.push((id, connect_id));
+        }
+        self.actions.push_back(Action::DialSucceeded(
+            now.saturating_duration_since(p.started),
+        ));
+        match kind {
+            FrontendKind::Grpc => self.actions.push_back(Action::ToFrontend {
+                frontend: fid,
+                payload: Payload::Forward(framed),
+            }),
+            FrontendKind::HttpConnect => self.actions.push_back(Action::ConnectEstablished {
+                frontend: fid,
+                backend: id,
+                connect_id,
+            }),
+        }
+    }
+
+    // ----- frontends --------------------------------------------------------
+
+    /// A frontend appeared.
+    pub fn frontend_opened(&mut self, id: FrontendId, kind: FrontendKind) {
+        self.frontends.insert(
+            id,
+            Frontend {
+                kind,
+                backend: None,
+                pending: Vec::new(),
+                established: Vec::new(),
+                first_conn_id: 0,
+                done: false,
+            },
+        );
+    }
+
+    /// A packet from a gRPC frontend. `framed` is its received gRPC message;
+    /// `random` seeds backend selection.
+    pub fn frontend_packet(
+        &mut self,
+        now: Instant,
+        id: FrontendId,
+        packet: Packet,
+        framed: Bytes,
+        random: u64,
+    ) {
+        let Some(f) = self.frontends.get(&id) else {
+            return;
+        };
+        if f.done {
+            return;
+        }
+        match packet {
+            Packet::DialReq {
+                address,
+                random: dial,
+                ..
+            } => self.dial(now, id, &address, dial, random, Some(framed)),
+            Packet::Data { connect_id, .. } => {
+                let Some(backend) = f.backend else {
+                    self.send_close_rsp(id, connect_id, "backend not initialized");
+                    self.mark_done(id);
+                    return;
+                };
+                if connect_id == 0 {
+                    return;
+                }
+                let f = self.frontends.get_mut(&id).expect("checked");
+                if f.first_conn_id == 0 {
+                    f.first_conn_id = connect_id;
+                } else if f.first_conn_id != connect_id {
+                    let first = f.first_conn_id;
+                    for c in [connect_id, first] {
+                        self.close_req(backend, c);
+                    }
+                    for c in [connect_id, first] {
+                        self.send_close_rsp(id, c, "mismatched connection IDs");
+                    }
+                    self.mark_done(id);
+                    return;
+                }
+                // konn: only connections this frontend established.
+                match f.established.iter().find(|(_, c)| *c == connect_id) {
+                    Some(&(b, _)) => self.actions.push_back(Action::ToBackend {
+                        backend: b,
+                        payload: Payload::Forward(framed),
+                    }),
+                    None => self.send_close_rsp(id, connect_id, "unrecognized connectID"),
+                }
+            }
+            Packet::CloseReq { connect_id } => {
+                let Some(backend) = f.backend else {
+                    self.send_close_rsp(id, connect_id, "backend uninitialized");
+                    return;
+                };
+                let target = f
+                    .established
+                    .iter()
+                    .find(|(_, c)| *c == connect_id)
+                    .map_or(backend, |&(b, _)| b);
+                self.actions.push_back(Action::ToBackend {
+                    backend: target,
+                    payload: Payload::Forward(framed),
+                });
+                // Upstream stops serving the stream after CLOSE_REQ; the
+                // agent's CLOSE_RSP still reaches it.
+                self.mark_done(id);
+            }
+            Packet::DialCls { random } => {
+                if self.pending.get(&random).is_none_or(|p| p.frontend != id) {
+                    return;
+                }
+                let p = self.pending.remove(&random).expect("checked");
+                self.unlink_pending(&p, random);
+                self.actions
+                    .push_back(Action::DialFailed(DialFailure::FrontendClose));
+                // konn: tell the agent, which stops dialling.
+                self.actions.push_back(Action::ToBackend {
+                    backend: p.backend,
+                    payload: Payload::Forward(framed),
+                });
+            }
+            // Not for a server; upstream ignores them.
+            Packet::DialRsp { .. } | Packet::CloseRsp { .. } | Packet::Drain => {}
+        }
+    }
+
+    /// An HTTP CONNECT frontend asks for `address`; `dial_random` is the dial
+    /// id the server chose, `random` seeds backend selection.
+    pub fn connect_request(
+        &mut self,
+        now: Instant,
+        id: FrontendId,
+        address: &str,
+        dial_random: i64,
+        random: u64,
+    ) {
+        self.dial(now, id, address, dial_random, random, None);
+    }
+
+    /// A CONNECT frontend sent payload bytes (already framed as a DATA
+    /// packet by the IO layer) for its connection.
+    pub fn connect_data(&mut self, id: FrontendId, framed: Bytes) -> bool {
+        let Some(&(backend, _)) = self.frontends.get(&id).and_then(|f| f.established.first())
+        else {
+            return false;
+        };
+        self.actions.push_back(Action::ToBackend {
+            backend,
+            payload: Payload::Forward(framed),
+        });
+        true
+    }
+
+    /// A frontend went away (stream ended, socket closed, or the IO layer
+    /// gave up on it): its dials are cancelled and its connections closed
+    /// at the agent.
+    pub fn frontend_gone(&mut self, id: FrontendId) {
+        let Some(f) = self.frontends.remove(&id) else {
+            return;
+        };
+        for random in f.pending {
+            let Some(p) = self.pending.remove(&random) else {
+                continue;
+            };
+            if let Some(b) = self.backends.get_mut(&p.backend) {
+                b.pending.remove(&random);
+            }
+            self.actions
+                .push_back(Action::DialFailed(DialFailure::FrontendClose));
+            self.actions.push_back(Action::ToBackend {
+                backend: p.backend,
+                payload: Payload::Packet(Packet::DialCls { random }),
+            });
+        }
+        for (backend, connect_id) in f.established {
+            if let Some(b) = self.backends.get_mut(&backend) {
+                b.established.remove(&connect_id);
+            }
+            self.close_req(backend, connect_id);
+        }
+    }
+
+    /// An established connection could not be served (its frontend stopped
+    /// reading for too long): close it on both sides, with `reason`.
+    pub fn frontend_stuck(&mut self, id: FrontendId, reason: &str) {
+        let Some(f) = self.frontends.get(&id) else {
+            return;
+        };
+        let conns = f.established.clone();
+        let kind = f.kind;
+        for (backend, connect_id) in conns {
+            if let Some(b) = self.backends.get_mut(&backend) {
+                b.established.remove(&connect_id);
+            }
+            self.close_req(backend, connect_id);
+            if kind == FrontendKind::Grpc {
+                self.send_close_rsp(id, connect_id, reason);
+            }
+        }
+        if let Some(f) = self.frontends.get_mut(&id) {
+            f.established.clear();
+            f.done = true;
+        }
+        if kind == FrontendKind::HttpConnect {
+            self.close_frontend(id);
+        }
+    }
+
+    // ----- timers -----------------------------------------------------------
+
+    /// The earliest pending-dial deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.pending.values().map(|p| p.deadline).min()
+    }
+
+    /// Expire pending dials due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut due: Vec<i64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(r, _)| *r)
+            .collect();
+        due.sort_unstable();
+        for random in due {
+            let Some(p) = self.pending.remove(&random) else {
+                continue;
+            };
+            self.unlink_pending(&p, random);
+            self.actions
+                .push_back(Action::DialFailed(DialFailure::BackendDialTimeout));
+            // Tell the agent to stop dialling (konn's agent honours it).
+            self.actions.push_back(Action::ToBackend {
+                backend: p.backend,
+                payload: Payload::Packet(Packet::DialCls { random }),
+            });
+            self.fail_dial(p.frontend, random, BACKEND_DIAL_TIMEOUT, DialFail::Timeout);
+        }
+    }
+
+    // ----- helpers ----------------------------------------------------------
+
+    fn dial(
+        &mut self,
+        now: Instant,
+        id: FrontendId,
+        address: &str,
+        dial: i64,
+        random: u64,
+        framed: Option<Bytes>,
+    ) {
+        let kind = self.frontends[&id].kind;
+        let Some(entry) = self.directory.pick(address, random, self.cfg.core) else {
+            self.actions
+                .push_back(Action::DialFailed(DialFailure::NoAgent));
+            match kind {
+                FrontendKind::Grpc => {
+                    self.send_dial_error(id, dial, NO_AGENT);
+                    self.mark_done(id);
+                }
+                FrontendKind::HttpConnect => {
+                    self.actions.push_back(Action::ConnectFailed {
+                        frontend: id,
+                        response: no_tunnel_response(),
+                    });
+                    self.forget_frontend(id);
+                }
+            }
+            return;
+        };
+        let backend = entry.id;
+        let over = self.frontends[&id].pending.len() >= self.cfg.max_pending_per_frontend
+            || self
+                .backends
+                .get(&backend)
+                .is_some_and(|b| b.pending.len() >= self.cfg.max_pending_per_backend)
+            || self.pending.contains_key(&dial);
+        if over || !self.backends.contains_key(&backend) {
+            // Too many dials in flight, a reused dial id, or a backend of
+            // another core (the IO layer migrates before dialling, so this
+            // only happens in a race with its removal).
+            let why = if over {
+                "too many pending dials"
+            } else {
+                NO_AGENT
+            };
+            self.actions
+                .push_back(Action::DialFailed(DialFailure::NoAgent));
+            self.fail_dial(id, dial, why, DialFail::Error);
+            return;
+        }
+        let f = self.frontends.get_mut(&id).expect("checked");
+        f.backend = Some(backend);
+        f.pending.push(dial);
+        self.backends
+            .get_mut(&backend)
+            .expect("checked")
+            .pending
+            .insert(dial);
+        self.pending.insert(
+            dial,
+            Pending {
+                frontend: id,
+                backend,
+                started: now,
+                deadline: now + self.cfg.dial_timeout,
+            },
+        );
+        let payload = match framed {
+            Some(b) => Payload::Forward(b),
+            None => Payload::Packet(Packet::DialReq {
+                protocol: ByteStr::from_static("tcp"),
+                address: ByteStr::from(address.to_owned()),
+                random: dial,
+            }),
+        };
+        self.actions
+            .push_back(Action::ToBackend { backend, payload });
+    }
+
+    /// End a dial with an error towards its frontend.
+    fn fail_dial(&mut self, fid: FrontendId, random: i64, error: &str, why: DialFail) {
+        let Some(f) = self.frontends.get_mut(&fid) else {
+            return;
+        };
+        f.pending.retain(|r| *r != random);
+        match f.kind {
+            FrontendKind::Grpc => self.send_dial_error(fid, random, error),
+            FrontendKind::HttpConnect => {
+                let response = match why {
+                    DialFail::Timeout => {
+                        raw_response(504, &format!("Backend dial timeout: {error}\r\n"))
+                    }
+                    DialFail::BackendGone => {
+                        raw_response(502, &format!("Backend context error: {error}\r\n"))
+                    }
+                    DialFail::Error => dial_error_response(error),
+                };
+                self.actions.push_back(Action::ConnectFailed {
+                    frontend: fid,
+                    response,
+                });
+                self.forget_frontend(fid);
+            }
+        }
+    }
+
+    fn unlink_pending(&mut self, p: &Pending, random: i64) {
+        if let Some(b) = self.backends.get_mut(&p.backend) {
+            b.pending.remove(&random);
+        }
+        if let Some(f) = self.frontends.get_mut(&p.frontend) {
+            f.pending.retain(|r| *r != random);
+        }
+    }
+
+    fn send_dial_error(&mut self, fid: FrontendId, random: i64, error: &str) {
+        self.actions.push_back(Action::ToFrontend {
+            frontend: fid,
+            payload: Payload::Packet(Packet::DialRsp {
+                error: ByteStr::from(error.to_owned()),
+                connect_id: 0,
+                random,
+            }),
+        });
+    }
+
+    fn send_close_rsp(&mut self, fid: FrontendId, connect_id: i64, error: &str) {
+        self.actions.push_back(Action::ToFrontend {
+            frontend: fid,
+            payload: Payload::Packet(Packet::CloseRsp {
+                error: ByteStr::from(error.to_owned()),
+                connect_id,
+            }),
+        });
+    }
+
+    fn close_req(&mut self, backend: BackendId, connect_id: i64) {
+        self.actions.push_back(Action::ToBackend {
+            backend,
+            payload: Payload::Packet(Packet::CloseReq { connect_id }),
+        });
+    }
+
+    fn mark_done(&mut self, fid: FrontendId) {
+        if let Some(f) = self.frontends.get_mut(&fid) {
+            f.done = true;
+        }
+    }
+
+    /// A CONNECT frontend is finished: forget it and close its socket.
+    fn close_frontend(&mut self, fid: FrontendId) {
+        self.forget_frontend(fid);
+        self.actions
+            .push_back(Action::CloseFrontend { frontend: fid });
+    }
+
+    /// Forget a frontend whose dials and connections are already settled.
+    fn forget_frontend(&mut self, fid: FrontendId) {
+        if let Some(f) = self.frontends.remove(&fid) {
+            for (backend, connect_id) in f.established {
+                if let Some(b) = self.backends.get_mut(&backend) {
+                    b.established.remove(&connect_id);
+                }
+                self.close_req(backend, connect_id);
+            }
+            for random in f.pending {
+                if let Some(p) = self.pending.remove(&random) {
+                    if let Some(b) = self.backends.get_mut(&p.backend) {
+                        b.pending.remove(&random);
+                    }
+                    self.actions.push_back(Action::ToBackend {
+                        backend: p.backend,
+                        payload: Payload::Packet(Packet::DialCls { random }),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// How a CONNECT dial failed (which upstream response to write).
+#[derive(Clone, Copy, Debug)]
+enum DialFail {
+    Timeout,
+    BackendGone,
+    Error,
+}
+
+/// Upstream's response when no backend exists (tunnel.go).
+fn no_tunnel_response() -> Bytes {
+    Bytes::from(format!(
+        "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: {NO_AGENT}"
+    ))
+}
+
+/// A raw `text/plain; charset=utf-8` error response as tunnel.go writes it.
+fn raw_response(code: u16, body: &str) -> Bytes {
+    Bytes::from(format!(
+        "HTTP/1.1 {code} {}\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{body}",
+        status_text(code)
+    ))
+}
+
+/// The response for a DIAL_RSP error, as upstream writes it with Go's
+/// `http.Response.Write` (unknown body length → `Connection: close`).
+pub fn dial_error_response(error: &str) -> Bytes {
+    let code = dial_error_status(error);
+    Bytes::from(format!(
+        "HTTP/1.1 {code} {}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{error}",
+        status_text(code)
+    ))
+}
+
+/// Upstream's `mapDialErrorToHTTPStatus`: the HTTP status for an agent's
+/// dial error text.
+pub fn dial_error_status(error: &str) -> u16 {
+    let e = error.to_lowercase();
+    let has = |s: &str| e.contains(s);
+    if has("i/o timeout") || has("deadline exceeded") || has("timeout") {
+        504
+    } else if has("too many open files") {
+        503
+    } else {
+        // Connection, DNS and TLS errors and anything else.
+        502
+    }
+}
+
+fn status_text(code: u16) -> &'static str {
+    match code {
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Error",
+    }
+}
+
+/// The packet type of a payload, for the per-type metrics.
+pub fn payload_type(p: &Payload) -> Option<PacketType> {
+    match p {
+        Payload::Packet(p) => Some(p.ty()),
+        Payload::Forward(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,646 @@
+//! In-memory tests of the router: upstream's packet semantics (reference
+//! §2) and konn's additions, with a simulated clock.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use konn_frames::packet::{ByteStr, Packet};
+
+use super::*;
+use crate::backends::{Directory, Identifiers, Strategy};
+
+fn t0() -> Instant {
+    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    #[allow(clippy::disallowed_methods)] // the simulated clock's origin
+    *T0.get_or_init(Instant::now)
+}
+
+fn framed(p: &Packet) -> Bytes {
+    let mut b = BytesMut::new();
+    p.encode_grpc(&mut b);
+    b.freeze()
+}
+
+fn router() -> Router {
+    Router::new(
+        RouterConfig::default(),
+        Directory::new(vec![Strategy::Default]),
+    )
+}
+
+fn with_agent(r: &mut Router, id: BackendId) {
+    r.backend_connected(id, format!("agent-{id}"), Identifiers::default(), 0);
+}
+
+fn actions(r: &mut Router) -> Vec<Action> {
+    std::iter::from_fn(|| r.poll_action()).collect()
+}
+
+fn dial_req(random: i64) -> Packet {
+    Packet::DialReq {
+        protocol: ByteStr::from_static("tcp"),
+        address: ByteStr::from_static("10.0.0.5:10250"),
+        random,
+    }
+}
+
+fn dial_rsp(random: i64, connect_id: i64, error: &'static str) -> Packet {
+    Packet::DialRsp {
+        error: ByteStr::from_static(error),
+        connect_id,
+        random,
+    }
+}
+
+fn data(connect_id: i64, d: &'static [u8]) -> Packet {
+    Packet::Data {
+        connect_id,
+        error: ByteStr::new(),
+        data: Bytes::from_static(d),
+    }
+}
+
+/// Send a packet from a frontend.
+fn from_frontend(r: &mut Router, now: Instant, fid: FrontendId, p: Packet) {
+    let f = framed(&p);
+    r.frontend_packet(now, fid, p, f, 0);
+}
+
+/// Send a packet from a backend.
+fn from_backend(r: &mut Router, now: Instant, bid: BackendId, p: Packet) {
+    let f = framed(&p);
+    r.backend_packet(now, bid, p, f);
+}
+
+fn to_frontend_packets(acts: &[Action]) -> Vec<(FrontendId, Packet)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::ToFrontend { frontend, payload } => Some((*frontend, decode(payload))),
+            _ => None,
+        })
+        .collect()
+}
+
+fn to_backend_packets(acts: &[Action]) -> Vec<(BackendId, Packet)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::ToBackend { backend, payload } => Some((*backend, decode(payload))),
+            _ => None,
+        })
+        .collect()
+}
+
+fn decode(p: &Payload) -> Packet {
+    match p {
+        Payload::Packet(p) => p.clone(),
+        Payload::Forward(b) => Packet::decode(&b.slice(5..)).unwrap(),
+    }
+}
+
+/// A gRPC frontend with an established connection 7 on backend 1.
+fn established() -> Router {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(42));
+    from_backend(&mut r, t0(), 1, dial_rsp(42, 7, ""));
+    actions(&mut r);
+    r
+}
+
+#[test]
+fn happy_path_forwards_bytes_unchanged() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    let req = dial_req(42);
+    let req_bytes = framed(&req);
+    r.frontend_packet(t0(), 10, req, req_bytes.clone(), 0);
+    let acts = actions(&mut r);
+    assert_eq!(
+        acts,
+        vec![Action::ToBackend {
+            backend: 1,
+            payload: Payload::Forward(req_bytes)
+        }],
+        "DIAL_REQ forwarded as received"
+    );
+    assert_eq!(r.stats().pending_dials, 1);
+    from_backend(
+        &mut r,
+        t0() + Duration::from_millis(3),
+        1,
+        dial_rsp(42, 7, ""),
+    );
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::DialSucceeded(Duration::from_millis(3))));
+    assert_eq!(to_frontend_packets(&acts), vec![(10, dial_rsp(42, 7, ""))]);
+    assert_eq!(r.stats().established, 1);
+    assert_eq!(r.stats().pending_dials, 0);
+
+    from_frontend(&mut r, t0(), 10, data(7, b"GET /"));
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(1, data(7, b"GET /"))]
+    );
+    from_backend(&mut r, t0(), 1, data(7, b"200 OK"));
+    assert_eq!(
+        to_frontend_packets(&actions(&mut r)),
+        vec![(10, data(7, b"200 OK"))]
+    );
+
+    from_frontend(&mut r, t0(), 10, Packet::CloseReq { connect_id: 7 });
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(1, Packet::CloseReq { connect_id: 7 })]
+    );
+    from_backend(
+        &mut r,
+        t0(),
+        1,
+        Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 7,
+        },
+    );
+    let acts = actions(&mut r);
+    assert_eq!(to_frontend_packets(&acts).len(), 1);
+    assert_eq!(r.stats().established, 0);
+    r.frontend_gone(10);
+    assert!(actions(&mut r).is_empty(), "nothing left to clean up");
+    assert_eq!(
+        r.stats(),
+        RouterStats {
+            backends: 1,
+            ..RouterStats::default()
+        }
+    );
+}
+
+#[test]
+fn no_agent_answers_dial_rsp_error_and_stops_serving() {
+    let mut r = router();
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(5));
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::DialFailed(DialFailure::NoAgent)));
+    assert_eq!(
+        to_frontend_packets(&acts),
+        vec![(10, dial_rsp(5, 0, "No agent available"))]
+    );
+    // Later packets are ignored, as upstream stops serving the stream.
+    with_agent(&mut r, 1);
+    from_frontend(&mut r, t0(), 10, dial_req(6));
+    assert!(actions(&mut r).is_empty());
+}
+
+#[test]
+fn dial_error_is_forwarded() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(5));
+    actions(&mut r);
+    from_backend(
+        &mut r,
+        t0(),
+        1,
+        dial_rsp(5, 0, "dial tcp 10.0.0.5:1: connect: connection refused"),
+    );
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::DialFailed(DialFailure::ErrorResponse)));
+    assert_eq!(
+        to_frontend_packets(&acts),
+        vec![(
+            10,
+            dial_rsp(5, 0, "dial tcp 10.0.0.5:1: connect: connection refused")
+        )]
+    );
+    assert_eq!(r.stats().pending_dials, 0);
+}
+
+#[test]
+fn unknown_dial_rsp_gets_close_req() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    from_backend(&mut r, t0(), 1, dial_rsp(99, 3, ""));
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::DialFailed(DialFailure::UnrecognizedResponse)));
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![(1, Packet::CloseReq { connect_id: 3 })]
+    );
+    // Without a connectID there is nothing to close.
+    from_backend(&mut r, t0(), 1, dial_rsp(98, 0, "x"));
+    assert!(to_backend_packets(&actions(&mut r)).is_empty());
+}
+
+#[test]
+fn dial_rsp_from_another_backend_is_not_accepted() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    with_agent(&mut r, 2);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(5));
+    let target = to_backend_packets(&actions(&mut r))[0].0;
+    let other = if target == 1 { 2 } else { 1 };
+    from_backend(&mut r, t0(), other, dial_rsp(5, 3, ""));
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(other, Packet::CloseReq { connect_id: 3 })]
+    );
+    assert_eq!(
+        r.stats().pending_dials,
+        1,
+        "still waiting for the right agent"
+    );
+}
+
+#[test]
+fn data_for_unknown_connection_from_agent_gets_close_req() {
+    let mut r = established();
+    from_backend(&mut r, t0(), 1, data(8, b"x"));
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(1, Packet::CloseReq { connect_id: 8 })]
+    );
+    from_backend(&mut r, t0(), 1, data(0, b"x"));
+    assert!(actions(&mut r).is_empty(), "connectID 0 is dropped");
+}
+
+#[test]
+fn data_before_dial_closes_with_backend_not_initialized() {
+    let mut r = router();
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, data(7, b"x"));
+    let acts = actions(&mut r);
+    assert_eq!(
+        to_frontend_packets(&acts),
+        vec![(
+            10,
+            Packet::CloseRsp {
+                error: ByteStr::from_static("backend not initialized"),
+                connect_id: 7
+            }
+        )]
+    );
+}
+
+#[test]
+fn close_req_before_dial_gets_backend_uninitialized() {
+    let mut r = router();
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, Packet::CloseReq { connect_id: 4 });
+    assert_eq!(
+        to_frontend_packets(&actions(&mut r)),
+        vec![(
+            10,
+            Packet::CloseRsp {
+                error: ByteStr::from_static("backend uninitialized"),
+                connect_id: 4
+            }
+        )]
+    );
+}
+
+#[test]
+fn mismatched_connection_ids_close_both() {
+    let mut r = established();
+    // Connection 9 is not this frontend's; the first DATA latches 7.
+    from_frontend(&mut r, t0(), 10, data(7, b"a"));
+    actions(&mut r);
+    from_frontend(&mut r, t0(), 10, data(9, b"b"));
+    let acts = actions(&mut r);
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![
+            (1, Packet::CloseReq { connect_id: 9 }),
+            (1, Packet::CloseReq { connect_id: 7 })
+        ]
+    );
+    assert_eq!(to_frontend_packets(&acts).len(), 2);
+    from_frontend(&mut r, t0(), 10, data(7, b"c"));
+    assert!(actions(&mut r).is_empty(), "the stream is no longer served");
+}
+
+#[test]
+fn frontend_cannot_write_into_another_frontends_connection() {
+    let mut r = established();
+    r.frontend_opened(11, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 11, dial_req(43));
+    actions(&mut r);
+    // Frontend 11 tries DATA on frontend 10's connection 7.
+    from_frontend(&mut r, t0(), 11, data(7, b"evil"));
+    let acts = actions(&mut r);
+    assert!(
+        to_backend_packets(&acts).is_empty(),
+        "not forwarded to the agent"
+    );
+    assert_eq!(to_frontend_packets(&acts)[0].0, 11);
+}
+
+#[test]
+fn frontend_dial_cls_cancels_and_is_forwarded() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(5));
+    actions(&mut r);
+    from_frontend(&mut r, t0(), 10, Packet::DialCls { random: 5 });
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::DialFailed(DialFailure::FrontendClose)));
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![(1, Packet::DialCls { random: 5 })]
+    );
+    assert_eq!(r.stats().pending_dials, 0);
+    // The agent's late DIAL_RSP is unrecognised and closed.
+    from_backend(&mut r, t0(), 1, dial_rsp(5, 3, ""));
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(1, Packet::CloseReq { connect_id: 3 })]
+    );
+}
+
+#[test]
+fn frontend_gone_cancels_dials_and_closes_connections() {
+    let mut r = established();
+    from_frontend(&mut r, t0(), 10, dial_req(50));
+    actions(&mut r);
+    r.frontend_gone(10);
+    let acts = actions(&mut r);
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![
+            (1, Packet::DialCls { random: 50 }),
+            (1, Packet::CloseReq { connect_id: 7 })
+        ]
+    );
+    assert_eq!(r.stats().frontends, 0);
+    assert_eq!(r.stats().established, 0);
+    assert_eq!(r.stats().pending_dials, 0);
+}
+
+#[test]
+fn backend_gone_closes_established_and_fails_pending_at_once() {
+    let mut r = established();
+    r.frontend_opened(11, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 11, dial_req(43));
+    actions(&mut r);
+    r.backend_gone(1);
+    let acts = actions(&mut r);
+    let pkts = to_frontend_packets(&acts);
+    assert!(pkts.contains(&(
+        10,
+        Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 7
+        }
+    )));
+    assert!(
+        pkts.contains(&(11, dial_rsp(43, 0, BACKEND_GONE))),
+        "pending dial fails now (#126)"
+    );
+    assert!(acts.contains(&Action::DialFailed(DialFailure::BackendClose)));
+    assert_eq!(r.stats().pending_dials, 0);
+    assert_eq!(r.stats().established, 0);
+    assert_eq!(r.stats().backends, 0);
+}
+
+#[test]
+fn dial_timeout_fails_the_dial_and_tells_the_agent() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(5));
+    actions(&mut r);
+    let deadline = r.poll_timeout().unwrap();
+    assert_eq!(deadline, t0() + Duration::from_secs(30));
+    r.handle_timeout(deadline - Duration::from_millis(1));
+    assert!(actions(&mut r).is_empty());
+    r.handle_timeout(deadline);
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::DialFailed(DialFailure::BackendDialTimeout)));
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![(1, Packet::DialCls { random: 5 })]
+    );
+    assert_eq!(
+        to_frontend_packets(&acts),
+        vec![(10, dial_rsp(5, 0, BACKEND_DIAL_TIMEOUT))]
+    );
+    assert_eq!(r.poll_timeout(), None);
+}
+
+#[test]
+fn drain_makes_backend_non_preferred() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    with_agent(&mut r, 2);
+    from_backend(&mut r, t0(), 1, Packet::Drain);
+    for i in 0..20 {
+        r.frontend_opened(100 + i, FrontendKind::Grpc);
+        let p = dial_req(i as i64 + 1);
+        let f = framed(&p);
+        r.frontend_packet(t0(), 100 + i, p, f, i);
+        assert_eq!(to_backend_packets(&actions(&mut r))[0].0, 2);
+    }
+}
+
+#[test]
+fn pending_dial_limit_per_frontend() {
+    let mut r = Router::new(
+        RouterConfig {
+            max_pending_per_frontend: 2,
+            ..RouterConfig::default()
+        },
+        Directory::new(vec![Strategy::Default]),
+    );
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    for random in 1..=3 {
+        from_frontend(&mut r, t0(), 10, dial_req(random));
+    }
+    let acts = actions(&mut r);
+    assert_eq!(to_backend_packets(&acts).len(), 2);
+    assert_eq!(
+        to_frontend_packets(&acts),
+        vec![(10, dial_rsp(3, 0, "too many pending dials"))]
+    );
+}
+
+#[test]
+fn stuck_frontend_is_closed_on_both_sides() {
+    let mut r = established();
+    r.frontend_stuck(10, "konn: frontend not reading");
+    let acts = actions(&mut r);
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![(1, Packet::CloseReq { connect_id: 7 })]
+    );
+    assert_eq!(
+        to_frontend_packets(&acts),
+        vec![(
+            10,
+            Packet::CloseRsp {
+                error: ByteStr::from_static("konn: frontend not reading"),
+                connect_id: 7
+            }
+        )]
+    );
+    assert_eq!(r.stats().established, 0);
+}
+
+// ----- HTTP CONNECT ---------------------------------------------------------
+
+#[test]
+fn connect_happy_path() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(20, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 20, "10.0.0.5:10250", 77, 0);
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(
+            1,
+            Packet::DialReq {
+                protocol: ByteStr::from_static("tcp"),
+                address: ByteStr::from_static("10.0.0.5:10250"),
+                random: 77
+            }
+        )]
+    );
+    from_backend(&mut r, t0(), 1, dial_rsp(77, 9, ""));
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::ConnectEstablished {
+        frontend: 20,
+        backend: 1,
+        connect_id: 9
+    }));
+    from_backend(&mut r, t0(), 1, data(9, b"hello"));
+    assert_eq!(
+        actions(&mut r),
+        vec![Action::ConnectData {
+            frontend: 20,
+            data: Bytes::from_static(b"hello")
+        }]
+    );
+    assert!(r.connect_data(20, framed(&data(9, b"req"))));
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(1, data(9, b"req"))]
+    );
+    // The agent closes: the socket closes.
+    from_backend(
+        &mut r,
+        t0(),
+        1,
+        Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 9,
+        },
+    );
+    assert_eq!(
+        actions(&mut r),
+        vec![Action::CloseFrontend { frontend: 20 }]
+    );
+    assert_eq!(r.stats().frontends, 0);
+}
+
+#[test]
+fn connect_client_eof_sends_close_req() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(20, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 20, "a:1", 77, 0);
+    from_backend(&mut r, t0(), 1, dial_rsp(77, 9, ""));
+    actions(&mut r);
+    r.frontend_gone(20);
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(1, Packet::CloseReq { connect_id: 9 })]
+    );
+}
+
+#[test]
+fn connect_error_responses_are_upstreams() {
+    let text = |acts: &[Action]| -> String {
+        acts.iter()
+            .find_map(|a| match a {
+                Action::ConnectFailed { response, .. } => {
+                    Some(String::from_utf8(response.to_vec()).unwrap())
+                }
+                _ => None,
+            })
+            .unwrap()
+    };
+    // No agent.
+    let mut r = router();
+    r.frontend_opened(20, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 20, "a:1", 1, 0);
+    assert_eq!(
+        text(&actions(&mut r)),
+        "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: No agent available"
+    );
+    // Agent dial errors map to statuses.
+    with_agent(&mut r, 1);
+    for (err, code) in [
+        (
+            "dial tcp 10.0.0.5:1: connect: connection refused",
+            "502 Bad Gateway",
+        ),
+        (
+            "dial tcp: lookup nowhere.invalid: no such host",
+            "502 Bad Gateway",
+        ),
+        ("dial tcp 10.0.0.5:1: i/o timeout", "504 Gateway Timeout"),
+        (
+            "dial tcp: socket: too many open files",
+            "503 Service Unavailable",
+        ),
+    ] {
+        r.frontend_opened(21, FrontendKind::HttpConnect);
+        r.connect_request(t0(), 21, "a:1", 2, 0);
+        actions(&mut r);
+        let f = framed(&dial_rsp(2, 0, "x"));
+        r.backend_packet(
+            t0(),
+            1,
+            Packet::DialRsp {
+                error: ByteStr::from(err.to_owned()),
+                connect_id: 0,
+                random: 2,
+            },
+            f,
+        );
+        assert_eq!(
+            text(&actions(&mut r)),
+            format!(
+                "HTTP/1.1 {code}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{err}"
+            )
+        );
+    }
+    // Timeout and agent loss.
+    r.frontend_opened(22, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 22, "a:1", 3, 0);
+    actions(&mut r);
+    r.handle_timeout(t0() + Duration::from_secs(31));
+    assert_eq!(
+        text(&actions(&mut r)),
+        "HTTP/1.1 504 Gateway Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nBackend dial timeout: timed out waiting for backend dial\r\n"
+    );
+    r.frontend_opened(23, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 23, "a:1", 4, 0);
+    actions(&mut r);
+    r.backend_gone(1);
+    assert!(text(&actions(&mut r)).starts_with("HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nBackend context error: "));
+    assert_eq!(r.stats(), RouterStats::default(), "nothing left behind");
+}
+
+#[test]
+fn dial_error_status_mapping() {
+    assert_eq!(dial_error_status("context deadline exceeded"), 504);
+    assert_eq!(dial_error_status("Connection Refused"), 502);
+    assert_eq!(dial_error_status("tls: bad certificate"), 502);
+    assert_eq!(dial_error_status("something else"), 502);
+}

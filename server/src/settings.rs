@@ -1,0 +1,313 @@
+//! The server's run-time settings, independent of how they were given
+//! (flags map onto them in `options`; tests build them directly).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use konn_core::io::driver::DriverConfig;
+use konn_core::io::runtime::RuntimeConfig;
+use konn_core::io::tls::ServerTls;
+use konn_core::proto::h2::{self, Keepalive, PingPolicy, Role};
+
+use crate::backends::Strategy;
+use crate::router::RouterConfig;
+
+/// The frontend protocol (`--mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `/ProxyService/Proxy` gRPC streams.
+    Grpc,
+    /// HTTP/1.1 CONNECT.
+    HttpConnect,
+}
+
+/// Where frontends connect.
+#[derive(Clone, Debug)]
+pub enum FrontendListen {
+    /// A Unix socket (`--uds-name`), plaintext.
+    Unix(PathBuf),
+    /// TCP with mTLS (`--server-port`).
+    Tcp(SocketAddr),
+}
+
+/// Everything the server needs to run.
+#[derive(Clone)]
+pub struct ServerSettings {
+    /// `serverid` sent to agents.
+    pub server_id: String,
+    /// `servercount` sent to agents.
+    pub server_count: usize,
+    /// `--proxy-strategies`.
+    pub strategies: Vec<Strategy>,
+    /// Frontend protocol.
+    pub mode: Mode,
+    /// Frontend listener.
+    pub frontend: FrontendListen,
+    /// Remove an existing socket file before listening.
+    pub delete_existing_uds: bool,
+    /// Frontend TLS (TCP mode).
+    pub frontend_tls: Option<ServerTls>,
+    /// Agent listener address.
+    pub agent_addr: SocketAddr,
+    /// Agent TLS (always in production; `None` only in tests).
+    pub agent_tls: Option<ServerTls>,
+    /// `--keepalive-time` (agent port).
+    pub keepalive_time: Duration,
+    /// `--frontend-keepalive-time`.
+    pub frontend_keepalive_time: Duration,
+    /// Router limits and the dial deadline.
+    pub router: RouterConfig,
+    /// A tunnel counts as congested above this many queued bytes…
+    pub tunnel_high_water: usize,
+    /// …and drained again at this many.
+    pub tunnel_low_water: usize,
+    /// A frontend with more bytes queued than this stops being served.
+    pub frontend_queue_limit: usize,
+    /// A CONNECT client that accepts nothing for this long is closed.
+    pub stuck_timeout: Duration,
+    /// Time allowed to send the CONNECT request head (upstream: 60 s).
+    pub connect_header_timeout: Duration,
+    /// Largest gRPC message accepted.
+    pub max_message: u32,
+    /// HTTP/2 receive windows: per stream, per connection.
+    pub windows: (u32, u32),
+    /// Driver settings (write and handshake timeouts).
+    pub driver: DriverConfig,
+    /// Threads and io engine.
+    pub runtime: RuntimeConfig,
+    /// `--graceful-shutdown-timeout`.
+    pub graceful_shutdown_timeout: Duration,
+    /// Health port (`/healthz`, `/readyz`, `/ready`, `/metrics`).
+    pub health_addr: Option<SocketAddr>,
+    /// Admin port (`/metrics`, `/debug/backends`).
+    pub admin_addr: Option<SocketAddr>,
+    /// `--enable-profiling` (konn answers 501 under `/debug/pprof/`).
+    pub enable_profiling: bool,
+}
+
+impl ServerSettings {
+    /// Settings for tests: plaintext agent port on 127.0.0.1:0, the given
+    /// frontend, defaults elsewhere.
+    pub fn for_tests(frontend: FrontendListen, mode: Mode) -> Self {
+        Self {
+            server_id: "test-server".into(),
+            server_count: 1,
+            strategies: vec![Strategy::Default],
+            mode,
+            frontend,
+            delete_existing_uds: true,
+            frontend_tls: None,
+            agent_addr: "127.0.0.1:0".parse().expect("literal"),
+            agent_tls: None,
+            keepalive_time: Duration::from_secs(3600),
+            frontend_keepalive_time: Duration::from_secs(3600),
+            router: RouterConfig::default(),
+            tunnel_high_water: 4 << 20,
+            tunnel_low_water: 1 << 20,
+            frontend_queue_limit: 16 << 20,
+            stuck_timeout: Duration::from_secs(30),
+            connect_header_timeout: Duration::from_secs(60),
+            max_message: konn_frames::grpc::DEFAULT_MAX_RECV_MESSAGE_SIZE,
+            windows: (4 << 20, 16 << 20),
+            driver: DriverConfig::default(),
+            runtime: RuntimeConfig::default(),
+            graceful_shutdown_timeout: Duration::ZERO,
+            health_addr: None,
+            admin_addr: None,
+            enable_profiling: false,
+        }
+    }
+
+    /// HTTP/2 settings of the agent port: upstream's keepalive enforcement
+    /// (MinTime 30 s, pings without streams allowed), server keepalive.
+    pub fn agent_h2(&self) -> h2::Config {
+        let mut c = h2::Config::new(Role::Server);
+        c.stream_window = self.windows.0;
+        c.conn_window = self.windows.1;
+        c.ping_policy = Some(PingPolicy::UPSTREAM_AGENT_PORT);
+        c.keepalive = Some(Keepalive {
+            interval: self.keepalive_time,
+            timeout: Duration::from_secs(20),
+            permit_without_stream: true,
+        });
+        c
+    }
+
+    /// HTTP/2 settings of the gRPC frontend port: grpc-go's default ping
+    /// enforcement, frontend keepalive.
+    pub fn frontend_h2(&self) -> h2::Config {
+        let mut c = h2::Config::new(Role::Server);
+        c.stream_window = self.windows.0;
+        c.conn_window = self.windows.1;
+        c.ping_policy = Some(PingPolicy::GRPC_DEFAULT);
+        c.keepalive = Some(Keepalive {
+            interval: self.frontend_keepalive_time,
+            timeout: Duration::from_secs(20),
+            permit_without_stream: true,
+        });
+        c
+    }
+}
+
+/// Why the options cannot become settings (files, addresses).
+#[derive(Debug)]
+pub struct SettingsError(pub String);
+
+impl std::fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
+/// A listen address from upstream's `--*-bind-address` + port: empty means
+/// all interfaces (dual-stack, as Go's `net.Listen(":port")`).
+pub fn listen_addr(bind: &str, port: u16, flag: &str) -> Result<SocketAddr, SettingsError> {
+    let host = bind.trim();
+    if host.is_empty() {
+        return Ok(SocketAddr::new(
+            std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+            port,
+        ));
+    }
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    // A name: resolve once at start-up, as Go's Listen does.
+    use std::net::ToSocketAddrs;
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| SettingsError(format!("--{flag}: cannot resolve {host:?}")))
+}
+
+impl ServerSettings {
+    /// Settings from validated command-line options: reads and checks every
+    /// certificate and key now, so a bad file fails the start with a line
+    /// that names it.
+    pub fn from_options(o: &crate::options::ServerOptions) -> Result<Self, SettingsError> {
+        use konn_core::io::tls::{PemSource, ServerTlsOptions};
+
+        use crate::options::{Frontend, Mode as OptMode, ProxyStrategy};
+
+        let err = |e: konn_core::Error| SettingsError(e.to_string());
+        let tls = |cert: &Option<PathBuf>,
+                   key: &Option<PathBuf>,
+                   ca: Option<&PathBuf>,
+                   what: &str| {
+            let (Some(cert), Some(key)) = (cert, key) else {
+                return Err(SettingsError(format!(
+                    "{what}: a certificate and a key are required"
+                )));
+            };
+            let mut t =
+                ServerTlsOptions::new(PemSource::File(cert.clone()), PemSource::File(key.clone()));
+            t.client_ca = ca.map(|c| PemSource::File(c.clone()));
+            t.min_version = o.tls_min_version.go_name().to_owned();
+            t.cipher_suites = o.cipher_suites.clone();
+            t.build().map_err(err)
+        };
+        let a = &o.agent_listener;
+        let agent_tls = tls(
+            &a.cert,
+            &a.key,
+            a.client_ca.as_ref(),
+            "agent port (--cluster-cert, --cluster-key)",
+        )?;
+        let (frontend, frontend_tls, delete_existing_uds) = match &o.frontend {
+            Frontend::Uds {
+                path,
+                delete_existing,
+            } => (FrontendListen::Unix(path.clone()), None, *delete_existing),
+            Frontend::Tcp {
+                bind_address,
+                port,
+                cert,
+                key,
+                client_ca,
+            } => (
+                FrontendListen::Tcp(listen_addr(bind_address, *port, "server-bind-address")?),
+                Some(tls(
+                    cert,
+                    key,
+                    Some(client_ca),
+                    "frontend (--server-cert, --server-key)",
+                )?),
+                false,
+            ),
+        };
+        let e = &o.engine;
+        let mut runtime = RuntimeConfig {
+            engine: e.io_engine,
+            workers: e.workers.max(1),
+            pin_cores: e.pin_cores,
+            ..RuntimeConfig::default()
+        };
+        runtime.pool.budget_bytes = e.memory_budget;
+        let mut driver = DriverConfig::default();
+        if let Some(w) = e.write_timeout {
+            driver.write_timeout = w;
+        }
+        Ok(Self {
+            server_id: o.server_id.clone(),
+            server_count: o.server_count,
+            strategies: o
+                .proxy_strategies
+                .iter()
+                .map(|s| match s {
+                    ProxyStrategy::Default => Strategy::Default,
+                    ProxyStrategy::DestHost => Strategy::DestHost,
+                    ProxyStrategy::DefaultRoute => Strategy::DefaultRoute,
+                })
+                .collect(),
+            mode: match o.mode {
+                OptMode::Grpc => Mode::Grpc,
+                OptMode::HttpConnect => Mode::HttpConnect,
+            },
+            frontend,
+            delete_existing_uds,
+            frontend_tls,
+            agent_addr: listen_addr(&a.bind_address, a.port, "agent-bind-address")?,
+            agent_tls: Some(agent_tls),
+            keepalive_time: nonzero_or(a.keepalive_time, Duration::from_secs(2 * 3600)),
+            frontend_keepalive_time: nonzero_or(
+                o.frontend_keepalive_time,
+                Duration::from_secs(2 * 3600),
+            ),
+            router: RouterConfig {
+                core: 0,
+                dial_timeout: o.backend_dial_timeout,
+                ..RouterConfig::default()
+            },
+            tunnel_high_water: e.conn_queue_size.max(64 * 1024) * 4,
+            tunnel_low_water: e.conn_queue_size.max(64 * 1024),
+            frontend_queue_limit: e.conn_queue_size.max(64 * 1024) * 16,
+            stuck_timeout: e.stuck_timeout.unwrap_or(Duration::from_secs(3600)),
+            connect_header_timeout: Duration::from_secs(60),
+            max_message: e.grpc_max_message_size,
+            windows: (e.h2_stream_window, e.h2_conn_window),
+            driver,
+            runtime,
+            graceful_shutdown_timeout: o.graceful_shutdown_timeout.unwrap_or(Duration::ZERO),
+            health_addr: Some(listen_addr(
+                &o.health.bind_address,
+                o.health.port,
+                "health-bind-address",
+            )?),
+            admin_addr: Some(listen_addr(
+                &o.admin.bind_address,
+                o.admin.port,
+                "admin-bind-address",
+            )?),
+            enable_profiling: o.enable_profiling,
+        })
+    }
+}
+
+fn nonzero_or(d: Duration, default: Duration) -> Duration {
+    if d.is_zero() { default } else { d }
+}

@@ -1,0 +1,479 @@
+//! One server worker's state: the [`Router`], how to reach each frontend
+//! and backend of this core, and the hand-off of packets between
+//! connections.
+//!
+//! Connections never call into each other directly: a packet for a gRPC
+//! connection goes into that connection's [`Outbox`] and the connection is
+//! *poked*. If it is idle the poke flushes the outbox at once; if it is
+//! busy further up the call stack (e.g. the agent connection that produced
+//! the packet is itself being answered), its own dispatch loop flushes the
+//! outbox when it gets there. So no connection's state is ever borrowed
+//! twice, and nothing on this path allocates.
+//!
+//! Flow control between a frontend and its backend (docs/design/tunnel.md):
+//! a frontend's HTTP/2 credit is returned only while its backend's tunnel
+//! is not congested; otherwise the credit waits in the backend's list and is
+//! returned when the tunnel drains.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use konn_core::io::notify::Broadcast;
+use konn_core::io::pool::BufPool;
+use konn_core::proto::grpc::Grpc;
+use konn_frames::GrpcStatus;
+
+use konn_frames::packet::PacketType;
+
+use crate::backends::{BackendId, Entry};
+use crate::connect::ConnectFrontend;
+use crate::metrics::{DialFailureReason, Segment, ServerCoreMetrics, ServerMetrics};
+use crate::router::{Action, DialFailure, FrontendId, Payload, Router};
+use crate::settings::ServerSettings;
+
+/// Something queued for one gRPC connection.
+#[derive(Debug)]
+pub enum Out {
+    /// Send a framed message on a stream.
+    Send(u32, Bytes),
+    /// Return flow-control credit on a stream.
+    Release(u32, usize),
+    /// End a call with a status.
+    Finish(u32, GrpcStatus, &'static str),
+}
+
+/// Work queued for one gRPC connection by others (see the module docs).
+#[derive(Default)]
+pub struct Outbox {
+    items: RefCell<VecDeque<Out>>,
+    poke: RefCell<Option<Box<dyn Fn()>>>,
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("items", &self.items.borrow().len())
+            .finish()
+    }
+}
+
+impl Outbox {
+    /// An empty outbox; `poke` flushes it when its connection is idle.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Install the poke (usually `|| { let _ = handle.with(|_, _| ()); }`
+    /// through a weak handle, whose dispatch flushes the outbox).
+    pub fn set_poke(&self, poke: Box<dyn Fn()>) {
+        *self.poke.borrow_mut() = Some(poke);
+    }
+
+    /// Queue an item and poke the connection.
+    pub fn push(&self, item: Out) {
+        self.items.borrow_mut().push_back(item);
+        let poke = self.poke.borrow();
+        if let Some(p) = poke.as_ref() {
+            p();
+        }
+    }
+
+    /// Apply everything queued to the connection's session.
+    pub fn flush(&self, grpc: &mut Grpc) {
+        loop {
+            let next = self.items.borrow_mut().pop_front();
+            let Some(item) = next else { return };
+            match item {
+                Out::Send(stream, b) => {
+                    let _ = grpc.send_framed(stream, b);
+                }
+                Out::Release(stream, n) => grpc.release(stream, n),
+                Out::Finish(stream, status, msg) => {
+                    let _ = grpc.finish(stream, status, msg);
+                }
+            }
+        }
+    }
+
+    /// Forget the poke (the connection is gone) and what is queued.
+    pub fn close(&self) {
+        self.poke.borrow_mut().take();
+        self.items.borrow_mut().clear();
+    }
+}
+
+/// How to reach a backend (an agent tunnel) of this core.
+pub struct BackendRef {
+    /// Its connection's outbox.
+    pub outbox: Rc<Outbox>,
+    /// The Connect stream.
+    pub stream: u32,
+    /// Bytes queued towards the agent (last seen): the tunnel is congested
+    /// above the high-water mark.
+    pub queued: Cell<usize>,
+    /// Frontend credit held back while congested: (outbox, stream, bytes).
+    pub waiting: RefCell<Vec<(Rc<Outbox>, u32, usize)>>,
+    /// Woken when the tunnel drains (CONNECT readers pause on it).
+    pub drained: Rc<Broadcast>,
+}
+
+/// How to reach a frontend of this core.
+pub enum FrontendRef {
+    /// A `/ProxyService/Proxy` stream.
+    Grpc {
+        /// Its connection's outbox.
+        outbox: Rc<Outbox>,
+        /// The stream.
+        stream: u32,
+    },
+    /// An HTTP CONNECT connection.
+    Connect(Rc<ConnectFrontend>),
+}
+
+/// Process-wide facts every worker shares (connection-level updates only,
+/// never per packet).
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// Backends connected, per strategy index (readiness and
+    /// `ready_backends`): maintained by the owning workers.
+    pub backends: AtomicUsize,
+    /// gRPC frontend streams open (`grpc_connections{service_method="Proxy"}`).
+    pub proxy_streams: AtomicUsize,
+    /// Agent streams open (`grpc_connections{service_method="Connect"}`).
+    pub connect_streams: AtomicUsize,
+    /// HTTP CONNECT connections open.
+    pub http_connections: AtomicUsize,
+    /// Pending dials, all workers.
+    pub pending_dials: AtomicI64,
+    /// Established connections, all workers.
+    pub established: AtomicI64,
+    /// A graceful shutdown started: not ready, accept nothing new.
+    pub shutting_down: std::sync::atomic::AtomicBool,
+}
+
+/// The number of a worker's live tasks (see [`Worker::spawn`]).
+#[derive(Default)]
+pub struct TaskCount {
+    /// Tasks not yet ended.
+    pub live: Cell<usize>,
+    /// Notified whenever a task ends.
+    pub ended: konn_core::io::notify::Notify,
+}
+
+/// Counts a task as ended when dropped (also when the task is cancelled).
+struct TaskDone(Rc<TaskCount>);
+
+impl Drop for TaskDone {
+    fn drop(&mut self) {
+        self.0.live.set(self.0.live.get() - 1);
+        self.0.ended.notify();
+    }
+}
+
+/// Asks one connection to stop.
+pub type StopFn = Box<dyn Fn(Stop)>;
+
+/// How a connection is asked to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Graceful shutdown: GOAWAY, calls in progress may finish.
+    Graceful,
+    /// The worker is stopping: close now.
+    Now,
+}
+
+/// Messages between server workers.
+pub enum Msg {
+    /// A backend connected on another worker.
+    BackendUp(Entry),
+    /// A backend went away on another worker.
+    BackendDown(BackendId),
+    /// A backend announced DRAIN on another worker.
+    BackendDraining(BackendId),
+    /// A frontend moving to this worker (see `crate::serve`).
+    Adopt(Box<crate::serve::Migrant>),
+    /// Start a graceful shutdown: GOAWAY on every connection.
+    Shutdown,
+}
+
+/// One worker's state.
+pub struct Worker {
+    /// Worker index.
+    pub index: usize,
+    /// The protocol state machine.
+    pub router: RefCell<Router>,
+    /// This core's frontends.
+    pub frontends: RefCell<HashMap<FrontendId, FrontendRef>>,
+    /// This core's backends.
+    pub backends: RefCell<HashMap<BackendId, BackendRef>>,
+    next_id: Cell<u64>,
+    rng: Cell<u64>,
+    /// Settings.
+    pub settings: Arc<ServerSettings>,
+    /// This core's buffers.
+    pub pool: BufPool,
+    /// Process-wide counters.
+    pub shared: Arc<Shared>,
+    /// Live connections of this worker: how to stop each one (see
+    /// [`Stop`]). Every connection task registers here and removes itself
+    /// when it ends, so an empty map means no connection task is left.
+    pub connections: RefCell<HashMap<u64, StopFn>>,
+    /// Set, and `stopping` notified, when the worker stops: tasks not in
+    /// `connections` yet (reading a CONNECT head) end too.
+    pub stopped: Cell<bool>,
+    /// See `stopped`.
+    pub stopping: Broadcast,
+    /// Tasks started with [`Worker::spawn`] that have not ended.
+    pub tasks: Rc<TaskCount>,
+    /// This core's metric slab.
+    pub metrics: ServerCoreMetrics,
+    /// The process-wide metrics (gauges set by whoever knows the value).
+    pub all_metrics: ServerMetrics,
+    /// Type of the packet being routed now (what `Payload::Forward`s are).
+    pub forwarding: Cell<PacketType>,
+}
+
+impl Worker {
+    /// A worker's state.
+    #[allow(clippy::too_many_arguments)] // one-time construction of a worker
+    pub fn new(
+        index: usize,
+        router: Router,
+        settings: Arc<ServerSettings>,
+        pool: BufPool,
+        shared: Arc<Shared>,
+        seed: u64,
+        metrics: ServerCoreMetrics,
+        all_metrics: ServerMetrics,
+    ) -> Self {
+        Self {
+            index,
+            router: RefCell::new(router),
+            frontends: RefCell::new(HashMap::new()),
+            backends: RefCell::new(HashMap::new()),
+            next_id: Cell::new(1),
+            rng: Cell::new(seed | 1),
+            settings,
+            pool,
+            shared,
+            connections: RefCell::new(HashMap::new()),
+            stopped: Cell::new(false),
+            stopping: Broadcast::new(),
+            tasks: Rc::new(TaskCount::default()),
+            metrics,
+            all_metrics,
+            forwarding: Cell::new(PacketType::Data),
+        }
+    }
+
+    /// Start a task this worker waits for when it stops: a task still
+    /// pending when its runtime is dropped is never freed (its waker keeps
+    /// it alive), and neither are its sockets or the ring they use.
+    pub fn spawn<F: Future + 'static>(&self, fut: F) {
+        let count = self.tasks.clone();
+        count.live.set(count.live.get() + 1);
+        drop(monoio::spawn(async move {
+            let _done = TaskDone(count);
+            fut.await;
+        }));
+    }
+
+    /// A process-unique id (worker index in the top bits).
+    pub fn next_id(&self) -> u64 {
+        let n = self.next_id.get();
+        self.next_id.set(n + 1);
+        ((self.index as u64) << 48) | n
+    }
+
+    /// A pseudo-random number (xorshift64*; for backend selection and
+    /// CONNECT dial ids — not for anything secret).
+    pub fn random(&self) -> u64 {
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A CONNECT dial id: a positive int63, as Go's `rand.Int63`.
+    pub fn dial_random(&self) -> i64 {
+        (self.random() >> 1) as i64
+    }
+
+    /// Whether a backend's tunnel is congested.
+    pub fn congested(&self, backend: BackendId) -> bool {
+        self.backends
+            .borrow()
+            .get(&backend)
+            .is_some_and(|b| b.queued.get() >= self.settings.tunnel_high_water)
+    }
+
+    /// Return a frontend's credit now, or when its backend drains.
+    pub fn credit(
+        &self,
+        backend: Option<BackendId>,
+        outbox: &Rc<Outbox>,
+        stream: u32,
+        flow: usize,
+        grpc: &mut Grpc,
+    ) {
+        if let Some(b) = backend
+            && let Some(be) = self.backends.borrow().get(&b)
+            && be.queued.get() >= self.settings.tunnel_high_water
+        {
+            be.waiting.borrow_mut().push((outbox.clone(), stream, flow));
+            return;
+        }
+        grpc.release(stream, flow);
+    }
+
+    /// A backend's tunnel drained: give back held credit, wake readers.
+    pub fn backend_drained(&self, backend: BackendId) {
+        let waiting = {
+            let backends = self.backends.borrow();
+            let Some(b) = backends.get(&backend) else {
+                return;
+            };
+            b.drained.notify_all();
+            std::mem::take(&mut *b.waiting.borrow_mut())
+        };
+        for (outbox, stream, flow) in waiting {
+            outbox.push(Out::Release(stream, flow));
+        }
+    }
+
+    /// Perform every action the router has queued.
+    pub fn apply(&self) {
+        loop {
+            let action = self.router.borrow_mut().poll_action();
+            let Some(action) = action else { return };
+            match action {
+                Action::ToBackend { backend, payload } => {
+                    let ty = self.payload_type(&payload);
+                    self.metrics.stream_packets(Segment::ToAgent, ty).inc();
+                    let bytes = encode(payload);
+                    let target = self.backends.borrow().get(&backend).map(|b| {
+                        b.queued.set(b.queued.get() + bytes.len());
+                        (b.outbox.clone(), b.stream)
+                    });
+                    if let Some((outbox, stream)) = target {
+                        outbox.push(Out::Send(stream, bytes));
+                    }
+                }
+                Action::ToFrontend { frontend, payload } => {
+                    let target = match self.frontends.borrow().get(&frontend) {
+                        Some(FrontendRef::Grpc { outbox, stream }) => {
+                            Some((outbox.clone(), *stream))
+                        }
+                        _ => None,
+                    };
+                    if let Some((outbox, stream)) = target {
+                        let ty = self.payload_type(&payload);
+                        self.metrics.stream_packets(Segment::ToClient, ty).inc();
+                        outbox.push(Out::Send(stream, encode(payload)));
+                    }
+                }
+                Action::ConnectEstablished {
+                    frontend,
+                    backend,
+                    connect_id,
+                } => {
+                    if let Some(cf) = self.connect_frontend(frontend) {
+                        cf.established(backend, connect_id);
+                    }
+                }
+                Action::ConnectData { frontend, data } => {
+                    if let Some(cf) = self.connect_frontend(frontend) {
+                        cf.push(data);
+                    }
+                }
+                Action::ConnectFailed { frontend, response } => {
+                    if let Some(cf) = self.connect_frontend(frontend) {
+                        cf.fail(response);
+                    }
+                    self.frontends.borrow_mut().remove(&frontend);
+                }
+                Action::CloseFrontend { frontend } => {
+                    let f = self.frontends.borrow_mut().remove(&frontend);
+                    match f {
+                        Some(FrontendRef::Grpc { outbox, stream }) => {
+                            outbox.push(Out::Finish(stream, GrpcStatus::OK, ""))
+                        }
+                        Some(FrontendRef::Connect(cf)) => cf.close(),
+                        None => {}
+                    }
+                }
+                Action::DialFailed(why) => self.metrics.dial_failures(failure_reason(why)).inc(),
+                Action::DialSucceeded(d) => self.metrics.dial_duration().observe_duration(d),
+            }
+        }
+    }
+
+    fn payload_type(&self, p: &Payload) -> PacketType {
+        match p {
+            Payload::Packet(p) => p.ty(),
+            Payload::Forward(_) => self.forwarding.get(),
+        }
+    }
+
+    /// After a control event: publish the router's gauges and loads.
+    pub fn publish(&self) {
+        let router = self.router.borrow();
+        let stats = router.stats();
+        self.metrics
+            .pending_backend_dials()
+            .set(stats.pending_dials as f64);
+        self.metrics
+            .established_connections()
+            .set(stats.established as f64);
+        router.publish_loads();
+    }
+
+    fn connect_frontend(&self, id: FrontendId) -> Option<Rc<ConnectFrontend>> {
+        match self.frontends.borrow().get(&id) {
+            Some(FrontendRef::Connect(cf)) => Some(cf.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// The metric label of a router dial failure.
+fn failure_reason(f: DialFailure) -> DialFailureReason {
+    match f {
+        DialFailure::NoAgent => DialFailureReason::NoAgent,
+        DialFailure::ErrorResponse => DialFailureReason::ErrorResponse,
+        DialFailure::UnrecognizedResponse => DialFailureReason::UnrecognizedResponse,
+        DialFailure::SendResponse => DialFailureReason::SendResponse,
+        DialFailure::BackendClose => DialFailureReason::BackendClose,
+        DialFailure::BackendDialTimeout => DialFailureReason::BackendDialTimeout,
+        DialFailure::FrontendClose => DialFailureReason::FrontendClose,
+    }
+}
+
+/// The wire bytes of a payload (control packets are encoded here; forwarded
+/// ones already are).
+pub fn encode(payload: Payload) -> Bytes {
+    match payload {
+        Payload::Forward(b) => b,
+        Payload::Packet(p) => {
+            let mut b = BytesMut::with_capacity(p.encoded_len() + 5);
+            p.encode_grpc(&mut b);
+            b.freeze()
+        }
+    }
+}
+
+/// Relaxed add for the connection-level counters.
+pub fn bump(counter: &AtomicUsize, up: bool) {
+    if up {
+        counter.fetch_add(1, Ordering::Relaxed);
+    } else {
+        counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}
