@@ -14,9 +14,12 @@
 
 pub mod client;
 pub mod conn;
+pub mod error;
 pub mod health;
 pub mod metrics;
 pub mod options;
 pub mod run;
 pub mod sync;
 pub mod tunnel;
+
+pub use error::Error;

@@ -28,9 +28,11 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use konn_core::cli::engine::{EngineError, EngineFlags};
+use konn_core::cli::engine::EngineFlags;
 use konn_core::cli::{Command, FlagSet, GoDuration, random_uuid};
 use konn_core::log::LogConfig;
+
+use crate::Error;
 
 /// The program name shown in `--help`.
 pub const PROGRAM: &str = "proxy-agent";
@@ -365,7 +367,7 @@ impl AgentFlags {
     /// # Errors
     ///
     /// The first rule broken.
-    pub fn validate(&self, engine: EngineFlags) -> Result<AgentOptions, OptionsError> {
+    pub fn validate(&self, engine: EngineFlags) -> Result<AgentOptions, Error> {
         check_pair(
             ("agent-key", &self.agent_key),
             ("agent-cert", &self.agent_cert),
@@ -381,17 +383,17 @@ impl AgentFlags {
             ("admin-server-port", self.admin_server_port),
         ] {
             if port <= 0 {
-                return Err(OptionsError::PortNotPositive { flag, port });
+                return Err(Error::PortNotPositive { flag, port });
             }
         }
         if self.xfr_channel_size <= 0 {
-            return Err(OptionsError::ChannelSize(self.xfr_channel_size));
+            return Err(Error::ChannelSize(self.xfr_channel_size));
         }
         if self.enable_contention_profiling && !self.enable_profiling {
-            return Err(OptionsError::ContentionWithoutProfiling);
+            return Err(Error::ContentionWithoutProfiling);
         }
         if self.sync_interval > self.sync_interval_cap {
-            return Err(OptionsError::SyncIntervalAboveCap {
+            return Err(Error::SyncIntervalAboveCap {
                 interval: self.sync_interval,
                 cap: self.sync_interval_cap,
             });
@@ -410,7 +412,7 @@ impl AgentFlags {
         let server_count_source = match self.server_count_source.as_str() {
             "" | "default" => ServerCountSource::Default,
             "max" => ServerCountSource::Max,
-            other => return Err(OptionsError::ServerCountSource(other.to_owned())),
+            other => return Err(Error::ServerCountSource(other.to_owned())),
         };
 
         // konn's own checks.
@@ -595,8 +597,8 @@ impl AgentOptions {
     /// # Errors
     ///
     /// The first invalid value.
-    pub fn from_flags(flags: &FlagSet) -> Result<Self, OptionsError> {
-        let engine = EngineFlags::from_flags(flags).map_err(OptionsError::Engine)?;
+    pub fn from_flags(flags: &FlagSet) -> Result<Self, Error> {
+        let engine = EngineFlags::from_flags(flags).map_err(Error::Engine)?;
         AgentFlags::from_flags(flags).validate(engine)
     }
 
@@ -615,140 +617,6 @@ impl AgentOptions {
     }
 }
 
-/// A proxy-agent flag value that upstream (or konn) refuses.
-#[derive(Debug)]
-pub enum OptionsError {
-    /// A file flag names a path that does not exist.
-    FileMissing {
-        /// The flag.
-        flag: &'static str,
-        /// The path given.
-        path: String,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// One of `--agent-cert`/`--agent-key` is set, the other is not.
-    IncompletePair {
-        /// The flag that is set.
-        set: &'static str,
-        /// Its value.
-        value: String,
-        /// The flag that is missing.
-        missing: &'static str,
-    },
-    /// A port ≤ 0.
-    PortNotPositive {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        port: i64,
-    },
-    /// A port above 65535 (konn's check).
-    PortTooLarge {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        port: i64,
-    },
-    /// `--xfr-channel-size` ≤ 0.
-    ChannelSize(i64),
-    /// `--enable-contention-profiling` without `--enable-profiling`.
-    ContentionWithoutProfiling,
-    /// `--sync-interval` above `--sync-interval-cap`.
-    SyncIntervalAboveCap {
-        /// `--sync-interval`.
-        interval: GoDuration,
-        /// `--sync-interval-cap`.
-        cap: GoDuration,
-    },
-    /// `--agent-identifiers` does not parse or has an unknown key.
-    AgentIdentifiers(String),
-    /// `--lease-label` does not parse.
-    InvalidLabels {
-        /// The flag.
-        flag: &'static str,
-        /// What is wrong.
-        problem: String,
-    },
-    /// `--server-count-source` is not '', 'default' or 'max'.
-    ServerCountSource(String),
-    /// A duration that must be positive is not (konn's check).
-    NotPositive {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        value: GoDuration,
-    },
-    /// A duration that must not be negative is (konn's check).
-    NegativeDuration {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        value: GoDuration,
-    },
-    /// A konn flag is out of range.
-    Engine(EngineError),
-}
-
-impl fmt::Display for OptionsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::FileMissing { flag, path, source } => {
-                write!(f, "--{flag}={path}: cannot use the file: {source}")
-            }
-            Self::IncompletePair {
-                set,
-                value,
-                missing,
-            } => {
-                write!(
-                    f,
-                    "--{missing} must be set when --{set} is set (--{set}={value:?})"
-                )
-            }
-            Self::PortNotPositive { flag, port } => {
-                write!(f, "--{flag} must be greater than 0, not {port}")
-            }
-            Self::PortTooLarge { flag, port } => {
-                write!(f, "--{flag}={port} is not a port number (at most 65535)")
-            }
-            Self::ChannelSize(n) => write!(f, "--xfr-channel-size must be greater than 0, not {n}"),
-            Self::ContentionWithoutProfiling => {
-                f.write_str("--enable-contention-profiling requires --enable-profiling")
-            }
-            Self::SyncIntervalAboveCap { interval, cap } => write!(
-                f,
-                "--sync-interval ({interval}) must not be greater than --sync-interval-cap ({cap})"
-            ),
-            Self::AgentIdentifiers(problem) => {
-                write!(f, "--agent-identifiers is invalid: {problem}")
-            }
-            Self::InvalidLabels { flag, problem } => write!(f, "--{flag}: {problem}"),
-            Self::ServerCountSource(v) => write!(
-                f,
-                "--server-count-source must be 'default' or 'max' (or empty), not {v:?}"
-            ),
-            Self::NotPositive { flag, value } => {
-                write!(f, "--{flag} must be greater than 0, not {value}")
-            }
-            Self::NegativeDuration { flag, value } => {
-                write!(f, "--{flag} must not be negative, not {value}")
-            }
-            Self::Engine(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for OptionsError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::FileMissing { source, .. } => Some(source),
-            Self::Engine(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
 /// Go's `net/url.ParseQuery`, keeping keys and values in input order:
 /// `&`-separated `key=value` settings, empty settings skipped, `%XX` and `+`
 /// decoded. A setting with a `;` is an error (and that error wins over a bad
@@ -757,10 +625,10 @@ impl std::error::Error for OptionsError {
 ///
 /// # Errors
 ///
-/// [`OptionsError::AgentIdentifiers`] with Go's wording of the problem.
-pub fn parse_agent_identifiers(query: &str) -> Result<Vec<(String, String)>, OptionsError> {
+/// [`Error::AgentIdentifiers`] with Go's wording of the problem.
+pub fn parse_agent_identifiers(query: &str) -> Result<Vec<(String, String)>, Error> {
     if query.matches('&').count() + 1 > MAX_QUERY_PARAMS {
-        return Err(OptionsError::AgentIdentifiers(
+        return Err(Error::AgentIdentifiers(
             "number of URL query parameters exceeded limit".to_owned(),
         ));
     }
@@ -783,13 +651,13 @@ pub fn parse_agent_identifiers(query: &str) -> Result<Vec<(String, String)>, Opt
         }
     }
     if let Some(e) = err {
-        return Err(OptionsError::AgentIdentifiers(e));
+        return Err(Error::AgentIdentifiers(e));
     }
     if let Some((key, _)) = pairs
         .iter()
         .find(|(k, _)| !IDENTIFIER_TYPES.contains(&k.as_str()))
     {
-        return Err(OptionsError::AgentIdentifiers(format!(
+        return Err(Error::AgentIdentifiers(format!(
             "unknown identifier type {key:?} (known: {})",
             IDENTIFIER_TYPES.join(", ")
         )));
@@ -837,12 +705,12 @@ fn query_unescape(s: &str) -> Result<String, String> {
 }
 
 /// Upstream's `os.Stat` + `os.IsNotExist` check: only a missing file fails.
-fn check_exists(flag: &'static str, path: &str) -> Result<(), OptionsError> {
+fn check_exists(flag: &'static str, path: &str) -> Result<(), Error> {
     if path.is_empty() {
         return Ok(());
     }
     match std::fs::metadata(path) {
-        Err(source) if source.kind() == io::ErrorKind::NotFound => Err(OptionsError::FileMissing {
+        Err(source) if source.kind() == io::ErrorKind::NotFound => Err(Error::FileMissing {
             flag,
             path: path.to_owned(),
             source,
@@ -852,13 +720,13 @@ fn check_exists(flag: &'static str, path: &str) -> Result<(), OptionsError> {
 }
 
 /// When `set` is non-empty its file must exist and `other` must be set.
-fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<(), OptionsError> {
+fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<(), Error> {
     if set.1.is_empty() {
         return Ok(());
     }
     check_exists(set.0, set.1)?;
     if other.1.is_empty() {
-        return Err(OptionsError::IncompletePair {
+        return Err(Error::IncompletePair {
             set: set.0,
             value: set.1.to_owned(),
             missing: other.0,
@@ -869,9 +737,9 @@ fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<
 
 /// Upstream's `ParseLabels`: `k=v[,k=v...]`, each pair exactly one `=`,
 /// keys and values trimmed; empty input is an error.
-pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, String>, OptionsError> {
+pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, String>, Error> {
     if s.is_empty() {
-        return Err(OptionsError::InvalidLabels {
+        return Err(Error::InvalidLabels {
             flag,
             problem: "must not be empty".to_owned(),
         });
@@ -880,7 +748,7 @@ pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, Stri
     for pair in s.split(',') {
         let parts: Vec<&str> = pair.split('=').collect();
         let [k, v] = parts[..] else {
-            return Err(OptionsError::InvalidLabels {
+            return Err(Error::InvalidLabels {
                 flag,
                 problem: format!("invalid label {pair:?}: want key=value"),
             });
@@ -890,20 +758,19 @@ pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, Stri
     Ok(out)
 }
 
-fn port_u16(flag: &'static str, port: i64) -> Result<u16, OptionsError> {
-    u16::try_from(port).map_err(|_| OptionsError::PortTooLarge { flag, port })
+fn port_u16(flag: &'static str, port: i64) -> Result<u16, Error> {
+    u16::try_from(port).map_err(|_| Error::PortTooLarge { flag, port })
 }
 
-fn positive(flag: &'static str, d: GoDuration) -> Result<Duration, OptionsError> {
+fn positive(flag: &'static str, d: GoDuration) -> Result<Duration, Error> {
     match d.to_std() {
         Some(v) if !v.is_zero() => Ok(v),
-        _ => Err(OptionsError::NotPositive { flag, value: d }),
+        _ => Err(Error::NotPositive { flag, value: d }),
     }
 }
 
-fn non_negative(flag: &'static str, d: GoDuration) -> Result<Duration, OptionsError> {
-    d.to_std()
-        .ok_or(OptionsError::NegativeDuration { flag, value: d })
+fn non_negative(flag: &'static str, d: GoDuration) -> Result<Duration, Error> {
+    d.to_std().ok_or(Error::NegativeDuration { flag, value: d })
 }
 
 fn non_empty_path(s: &str) -> Option<PathBuf> {

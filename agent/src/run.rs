@@ -205,8 +205,8 @@ impl AgentSettings {
     ///
     /// No `--ca-cert`, unreadable or invalid TLS files, a health or admin
     /// host that does not resolve.
-    pub fn from_options(o: &AgentOptions) -> Result<Self, SettingsError> {
-        let ca = o.ca_cert.as_ref().ok_or(SettingsError::NoCaCert)?;
+    pub fn from_options(o: &AgentOptions) -> Result<Self, crate::Error> {
+        let ca = o.ca_cert.as_ref().ok_or(crate::Error::NoCaCert)?;
         let mut tls = ClientTlsOptions::new(PemSource::file(ca), o.proxy_server_host.clone());
         if let Some(pair) = &o.client_cert {
             tls.identity = Some((PemSource::file(&pair.cert), PemSource::file(&pair.key)));
@@ -216,7 +216,7 @@ impl AgentSettings {
             .iter()
             .map(|p| p.as_bytes().to_vec())
             .collect();
-        let tls = tls.build().map_err(SettingsError::Tls)?;
+        let tls = tls.build().map_err(crate::Error::Tls)?;
         let e = &o.engine;
         let settings = TunnelSettings {
             dial_timeout: DIAL_TIMEOUT,
@@ -283,7 +283,7 @@ fn listen_addrs(
     flag: &'static str,
     host: &str,
     port: u16,
-) -> Result<Vec<SocketAddr>, SettingsError> {
+) -> Result<Vec<SocketAddr>, crate::Error> {
     if host.is_empty() {
         return Ok(vec![
             SocketAddr::from(([0u16; 8], port)),
@@ -296,56 +296,13 @@ fn listen_addrs(
         .unwrap_or(host);
     let addrs: Vec<SocketAddr> = (bare, port)
         .to_socket_addrs()
-        .map_err(|source| SettingsError::Resolve {
+        .map_err(|source| crate::Error::Resolve {
             flag,
             host: host.to_owned(),
             source,
         })?
         .collect();
     Ok(addrs)
-}
-
-/// Why the flags do not make a runnable agent.
-#[derive(Debug)]
-pub enum SettingsError {
-    /// `--ca-cert` is empty.
-    NoCaCert,
-    /// The TLS files are unreadable or invalid.
-    Tls(Error),
-    /// A listen host does not resolve.
-    Resolve {
-        /// The flag.
-        flag: &'static str,
-        /// Its value.
-        host: String,
-        /// The resolver's error.
-        source: std::io::Error,
-    },
-}
-
-impl fmt::Display for SettingsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NoCaCert => f.write_str(
-                "--ca-cert is required: the agent verifies the proxy-server's certificate with it \
-                 (upstream fails the same way: failed to read CA cert)",
-            ),
-            Self::Tls(e) => write!(f, "TLS towards the proxy-server: {e}"),
-            Self::Resolve { flag, host, source } => {
-                write!(f, "--{flag}={host}: cannot resolve: {source}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for SettingsError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::NoCaCert => None,
-            Self::Tls(e) => Some(e),
-            Self::Resolve { source, .. } => Some(source),
-        }
-    }
 }
 
 /// Process-wide facts (connection-level updates only).

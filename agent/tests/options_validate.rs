@@ -7,19 +7,18 @@ mod options_common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use konn_agent::options::{
-    self, AgentOptions, OptionsError, ServerCountSource, parse_agent_identifiers,
-};
+use konn_agent::Error;
+use konn_agent::options::{self, AgentOptions, ServerCountSource, parse_agent_identifiers};
 use options_common::{TempFile, missing_path};
 
-fn validate(args: &[&str]) -> Result<AgentOptions, OptionsError> {
+fn validate(args: &[&str]) -> Result<AgentOptions, Error> {
     let mut cmd = options::command_with_env(|_| None);
     cmd.parse(args.iter().copied())
         .unwrap_or_else(|e| panic!("{args:?}: {e}"));
     AgentOptions::from_flags(cmd.flags())
 }
 
-fn err(r: Result<AgentOptions, OptionsError>) -> OptionsError {
+fn err(r: Result<AgentOptions, Error>) -> Error {
     r.expect_err("must be rejected")
 }
 
@@ -35,7 +34,7 @@ fn files_must_exist() {
     ] {
         let arg = format!("--{flag}={missing}");
         match err(validate(&[&arg])) {
-            OptionsError::FileMissing { flag: f, path, .. } => {
+            Error::FileMissing { flag: f, path, .. } => {
                 assert_eq!(f, flag);
                 assert_eq!(path, missing);
             }
@@ -56,7 +55,7 @@ fn cert_and_key_come_in_pairs() {
     for (set, missing) in [("agent-key", "agent-cert"), ("agent-cert", "agent-key")] {
         let arg = format!("--{set}={}", f.path());
         match err(validate(&[&arg])) {
-            OptionsError::IncompletePair {
+            Error::IncompletePair {
                 set: s, missing: m, ..
             } => assert_eq!((s, m), (set, missing)),
             other => panic!("{set}: {other}"),
@@ -82,7 +81,7 @@ fn ports_must_be_positive() {
             let arg = format!("--{flag}={bad}");
             let e = err(validate(&[&arg]));
             assert!(
-                matches!(e, OptionsError::PortNotPositive { flag: f, .. } if f == flag),
+                matches!(e, Error::PortNotPositive { flag: f, .. } if f == flag),
                 "{e}"
             );
         }
@@ -93,7 +92,7 @@ fn ports_must_be_positive() {
         let arg = format!("--{flag}=65536");
         let e = err(validate(&[&arg]));
         assert!(
-            matches!(e, OptionsError::PortTooLarge { flag: f, port: 65536 } if f == flag),
+            matches!(e, Error::PortTooLarge { flag: f, port: 65536 } if f == flag),
             "{e}"
         );
         let arg = format!("--{flag}=65535");
@@ -119,15 +118,12 @@ fn ports_must_be_positive() {
 fn channel_size_and_profiling() {
     for bad in ["0", "-5"] {
         let arg = format!("--xfr-channel-size={bad}");
-        assert!(matches!(
-            err(validate(&[&arg])),
-            OptionsError::ChannelSize(_)
-        ));
+        assert!(matches!(err(validate(&[&arg])), Error::ChannelSize(_)));
     }
     assert_eq!(validate(&[]).unwrap().xfr_channel_size, 150);
     assert!(matches!(
         err(validate(&["--enable-contention-profiling"])),
-        OptionsError::ContentionWithoutProfiling
+        Error::ContentionWithoutProfiling
     ));
     let o = validate(&["--enable-contention-profiling", "--enable-profiling"]).unwrap();
     assert_eq!(o.warnings.len(), 1);
@@ -136,10 +132,7 @@ fn channel_size_and_profiling() {
 #[test]
 fn sync_interval_not_above_cap() {
     let e = err(validate(&["--sync-interval=5s", "--sync-interval-cap=1s"]));
-    assert!(
-        matches!(e, OptionsError::SyncIntervalAboveCap { .. }),
-        "{e}"
-    );
+    assert!(matches!(e, Error::SyncIntervalAboveCap { .. }), "{e}");
     assert_eq!(
         e.to_string(),
         "--sync-interval (5s) must not be greater than --sync-interval-cap (1s)"
@@ -168,7 +161,7 @@ fn konn_duration_checks() {
     ] {
         let e = err(validate(args));
         assert!(
-            matches!(e, OptionsError::NotPositive { flag: f, .. } if f == flag),
+            matches!(e, Error::NotPositive { flag: f, .. } if f == flag),
             "{args:?}: {e}"
         );
     }
@@ -179,7 +172,7 @@ fn konn_duration_checks() {
     assert!(
         matches!(
             e,
-            OptionsError::NotPositive {
+            Error::NotPositive {
                 flag: "sync-interval",
                 ..
             }
@@ -190,7 +183,7 @@ fn konn_duration_checks() {
     assert!(
         matches!(
             e,
-            OptionsError::NegativeDuration {
+            Error::NegativeDuration {
                 flag: "keepalive-time",
                 ..
             }
@@ -251,10 +244,7 @@ fn agent_identifiers() {
     for &(input, want) in cases {
         let arg = format!("--agent-identifiers={input}");
         let e = err(validate(&[&arg]));
-        assert!(
-            matches!(e, OptionsError::AgentIdentifiers(_)),
-            "{input}: {e}"
-        );
+        assert!(matches!(e, Error::AgentIdentifiers(_)), "{input}: {e}");
         let text = e.to_string();
         assert!(
             text.starts_with("--agent-identifiers is invalid: "),
@@ -278,7 +268,7 @@ fn lease_counting() {
         assert!(
             matches!(
                 e,
-                OptionsError::InvalidLabels {
+                Error::InvalidLabels {
                     flag: "lease-label",
                     ..
                 }
@@ -324,10 +314,7 @@ fn server_count_source() {
     for bad in ["MAX", "min", "leases"] {
         let arg = format!("--server-count-source={bad}");
         let e = err(validate(&[&arg]));
-        assert!(
-            matches!(&e, OptionsError::ServerCountSource(v) if v == bad),
-            "{e}"
-        );
+        assert!(matches!(&e, Error::ServerCountSource(v) if v == bad), "{e}");
     }
 }
 
@@ -380,5 +367,5 @@ fn kind_example_configuration() {
 #[test]
 fn engine_flags_are_validated_too() {
     let e = err(validate(&["--h2-stream-window=1"]));
-    assert!(matches!(e, OptionsError::Engine(_)), "{e}");
+    assert!(matches!(e, Error::Engine(_)), "{e}");
 }

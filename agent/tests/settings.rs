@@ -8,8 +8,9 @@ mod run_common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use konn_agent::Error;
 use konn_agent::options::{self, AgentOptions};
-use konn_agent::run::{AgentSettings, DIAL_TIMEOUT, SERVER_CONNECT_TIMEOUT, SettingsError};
+use konn_agent::run::{AgentSettings, DIAL_TIMEOUT, SERVER_CONNECT_TIMEOUT};
 use konn_agent::sync::DEFAULT_HEADER_TIMEOUT;
 use konn_core::cli::Outcome;
 use konn_core::io::runtime::IoEngine;
@@ -200,7 +201,7 @@ fn a_host_name_is_resolved_for_the_listeners() {
     let err = AgentSettings::from_options(&o).unwrap_err();
     assert!(matches!(
         err,
-        SettingsError::Resolve {
+        Error::Resolve {
             flag: "admin-bind-address",
             ..
         }
@@ -216,7 +217,7 @@ fn a_host_name_is_resolved_for_the_listeners() {
 fn settings_that_cannot_work_are_refused_in_one_line() {
     let o = options(&[]);
     let err = AgentSettings::from_options(&o).unwrap_err();
-    assert!(matches!(err, SettingsError::NoCaCert));
+    assert!(matches!(err, Error::NoCaCert));
     assert_eq!(
         err.to_string(),
         "--ca-cert is required: the agent verifies the proxy-server's certificate with it \
@@ -227,7 +228,7 @@ fn settings_that_cannot_work_are_refused_in_one_line() {
     // A CA file that holds no certificate.
     let o = options(&[format!("--ca-cert={}", f.key)]);
     let err = AgentSettings::from_options(&o).unwrap_err();
-    assert!(matches!(err, SettingsError::Tls(_)), "{err:?}");
+    assert!(matches!(err, Error::Tls(_)), "{err:?}");
     let text = err.to_string();
     assert!(text.starts_with("TLS towards the proxy-server: "), "{text}");
     assert!(text.contains("agent.key"), "names the file: {text}");

@@ -25,6 +25,8 @@ use konn_core::proto::grpc::{Grpc, GrpcEvent};
 use konn_core::proto::h2::{Config, Connection, Headers, Role};
 use konn_frames::packet::{ByteStr, Packet};
 
+use crate::Error;
+
 /// Bytes a call may have queued for sending before [`Tunnel::write`] waits.
 pub const SEND_QUEUE_LIMIT: usize = 256 * 1024;
 
@@ -34,41 +36,6 @@ pub const MAX_DATA: usize = 16 * 1024 - 64;
 
 /// The `:path` of upstream's proxy service.
 const PROXY_PATH: &str = "/ProxyService/Proxy";
-
-/// What went wrong on the frontend side.
-#[derive(Debug)]
-pub enum FrontendError {
-    /// Connecting or the HTTP/2 connection failed.
-    Io(konn_core::Error),
-    /// The server answered the dial with an error (`DIAL_RSP.error`).
-    DialFailed(String),
-    /// The call ended (gRPC status message) or the server closed it.
-    Closed(String),
-    /// The server sent something out of order.
-    Protocol(String),
-    /// No answer within the deadline.
-    Timeout(&'static str),
-}
-
-impl std::fmt::Display for FrontendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Io(e) => write!(f, "connection: {e}"),
-            Self::DialFailed(e) => write!(f, "dial failed: {e}"),
-            Self::Closed(e) => write!(f, "tunnel closed: {e}"),
-            Self::Protocol(e) => write!(f, "protocol error: {e}"),
-            Self::Timeout(what) => write!(f, "timed out waiting for {what}"),
-        }
-    }
-}
-
-impl std::error::Error for FrontendError {}
-
-impl From<konn_core::Error> for FrontendError {
-    fn from(e: konn_core::Error) -> Self {
-        Self::Io(e)
-    }
-}
 
 /// One call's receive side, shared between the handler and its [`Tunnel`].
 #[derive(Default)]
@@ -171,7 +138,7 @@ impl GrpcFrontend {
     }
 
     /// Connect over a Unix socket (`--uds-name`).
-    pub async fn connect_unix(path: &Path) -> Result<Self, FrontendError> {
+    pub async fn connect_unix(path: &Path) -> Result<Self, Error> {
         let sock = monoio::net::UnixStream::connect(path)
             .await
             .map_err(konn_core::Error::Io)?;
@@ -179,7 +146,7 @@ impl GrpcFrontend {
     }
 
     /// Connect over TCP with TLS (`--server-port` with `--server-cert`).
-    pub async fn connect_tls(addr: &str, tls: &ClientTls) -> Result<Self, FrontendError> {
+    pub async fn connect_tls(addr: &str, tls: &ClientTls) -> Result<Self, Error> {
         let sock = monoio::net::TcpStream::connect(addr)
             .await
             .map_err(konn_core::Error::Io)?;
@@ -188,9 +155,9 @@ impl GrpcFrontend {
 
     /// Open a Proxy call and dial `address` (`host:port`) through the
     /// tunnel, waiting up to `timeout` for the agent's answer.
-    pub async fn dial(&self, address: &str, timeout: Duration) -> Result<Tunnel, FrontendError> {
+    pub async fn dial(&self, address: &str, timeout: Duration) -> Result<Tunnel, Error> {
         if self.closed.get() {
-            return Err(FrontendError::Closed("connection closed".into()));
+            return Err(Error::Closed("connection closed".into()));
         }
         let call = Rc::new(CallState::default());
         let id = self
@@ -228,10 +195,8 @@ impl GrpcFrontend {
                 connect_id,
                 ..tunnel
             }),
-            Packet::DialRsp { error, .. } => Err(FrontendError::DialFailed(error.to_string())),
-            other => Err(FrontendError::Protocol(format!(
-                "expected DIAL_RSP, got {other:?}"
-            ))),
+            Packet::DialRsp { error, .. } => Err(Error::DialFailed(error.to_string())),
+            other => Err(Error::Protocol(format!("expected DIAL_RSP, got {other:?}"))),
         }
     }
 
@@ -263,7 +228,7 @@ impl Tunnel {
         self.connect_id
     }
 
-    fn send(&self, p: &Packet) -> Result<(), FrontendError> {
+    fn send(&self, p: &Packet) -> Result<(), Error> {
         let mut b = BytesMut::new();
         p.encode_grpc(&mut b);
         Ok(self.h.with(|g, _| g.send_framed(self.id, b.freeze()))??)
@@ -277,14 +242,14 @@ impl Tunnel {
         &self,
         deadline: monoio::time::Instant,
         what: &'static str,
-    ) -> Result<Packet, FrontendError> {
+    ) -> Result<Packet, Error> {
         loop {
             if let Some((p, flow)) = self.call.inbox.borrow_mut().pop_front() {
                 let _ = self.h.with(|g, _| g.release(self.id, flow));
                 return Ok(p);
             }
             if let Some(reason) = self.closed_reason() {
-                return Err(FrontendError::Closed(reason));
+                return Err(Error::Closed(reason));
             }
             if let Either::Right(()) = race(
                 self.call.wake.notified(),
@@ -292,18 +257,18 @@ impl Tunnel {
             )
             .await
             {
-                return Err(FrontendError::Timeout(what));
+                return Err(Error::Timeout(what));
             }
         }
     }
 
     /// Send `data`, split into packets of at most [`MAX_DATA`] bytes;
     /// waits while the call's send queue is over [`SEND_QUEUE_LIMIT`].
-    pub async fn write(&self, data: &[u8]) -> Result<(), FrontendError> {
+    pub async fn write(&self, data: &[u8]) -> Result<(), Error> {
         for chunk in data.chunks(MAX_DATA) {
             loop {
                 if let Some(reason) = self.closed_reason() {
-                    return Err(FrontendError::Closed(reason));
+                    return Err(Error::Closed(reason));
                 }
                 let queued = self.h.with(|g, _| {
                     let q = g.queued_bytes(self.id);
@@ -328,7 +293,7 @@ impl Tunnel {
 
     /// The next bytes from the destination; `Ok(None)` once the server
     /// closed the connection (`CLOSE_RSP`). Waits at most `timeout`.
-    pub async fn read(&self, timeout: Duration) -> Result<Option<Bytes>, FrontendError> {
+    pub async fn read(&self, timeout: Duration) -> Result<Option<Bytes>, Error> {
         if let Some(b) = self.pending.borrow_mut().take() {
             return Ok(Some(b));
         }
@@ -340,7 +305,7 @@ impl Tunnel {
             match self.next_packet(deadline, "data").await? {
                 Packet::Data { data, error, .. } => {
                     if !error.is_empty() {
-                        return Err(FrontendError::Closed(error.to_string()));
+                        return Err(Error::Closed(error.to_string()));
                     }
                     if !data.is_empty() {
                         return Ok(Some(data));
@@ -351,16 +316,14 @@ impl Tunnel {
                     return Ok(None);
                 }
                 other => {
-                    return Err(FrontendError::Protocol(format!(
-                        "unexpected packet {other:?}"
-                    )));
+                    return Err(Error::Protocol(format!("unexpected packet {other:?}")));
                 }
             }
         }
     }
 
     /// Read exactly `n` bytes (or fewer if the connection closes first).
-    pub async fn read_exact(&self, n: usize, timeout: Duration) -> Result<Vec<u8>, FrontendError> {
+    pub async fn read_exact(&self, n: usize, timeout: Duration) -> Result<Vec<u8>, Error> {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             match self.read(timeout).await? {
@@ -378,7 +341,7 @@ impl Tunnel {
     }
 
     /// Read until the server closes the connection.
-    pub async fn read_to_end(&self, timeout: Duration) -> Result<Vec<u8>, FrontendError> {
+    pub async fn read_to_end(&self, timeout: Duration) -> Result<Vec<u8>, Error> {
         let mut out = Vec::new();
         while let Some(b) = self.read(timeout).await? {
             out.extend_from_slice(&b);
@@ -388,7 +351,7 @@ impl Tunnel {
 
     /// Send `CLOSE_REQ` and wait for `CLOSE_RSP` (data still in flight is
     /// discarded), then end the call.
-    pub async fn close(self, timeout: Duration) -> Result<(), FrontendError> {
+    pub async fn close(self, timeout: Duration) -> Result<(), Error> {
         if !self.eof.get() && self.closed_reason().is_none() {
             self.send(&Packet::CloseReq {
                 connect_id: self.connect_id,
@@ -398,7 +361,7 @@ impl Tunnel {
                 match self.next_packet(deadline, "CLOSE_RSP").await {
                     Ok(Packet::CloseRsp { .. }) => break,
                     Ok(_) => continue,
-                    Err(FrontendError::Closed(_)) => break,
+                    Err(Error::Closed(_)) => break,
                     Err(e) => return Err(e),
                 }
             }

@@ -10,9 +10,12 @@
 //! - `src/bin/konn-demo.rs`: the README's demo.
 
 pub mod dest;
+pub mod error;
 pub mod frontend;
 pub mod pki;
 pub mod procs;
+
+pub use error::Error;
 
 /// SHA-256 of `data`, as lower-case hex.
 pub fn sha256_hex(data: &[u8]) -> String {

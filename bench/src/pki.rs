@@ -6,6 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
+use crate::Error;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
@@ -28,32 +29,6 @@ pub struct PkiFiles {
     pub frontend_cert: PathBuf,
     /// See `frontend_cert`.
     pub frontend_key: PathBuf,
-}
-
-/// Why the PKI could not be written.
-#[derive(Debug)]
-pub enum PkiError {
-    /// Certificate generation failed.
-    Generate(rcgen::Error),
-    /// A file could not be written.
-    Write(PathBuf, std::io::Error),
-}
-
-impl std::fmt::Display for PkiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Generate(e) => write!(f, "generating certificates: {e}"),
-            Self::Write(p, e) => write!(f, "writing {}: {e}", p.display()),
-        }
-    }
-}
-
-impl std::error::Error for PkiError {}
-
-impl From<rcgen::Error> for PkiError {
-    fn from(e: rcgen::Error) -> Self {
-        Self::Generate(e)
-    }
 }
 
 fn leaf(
@@ -80,8 +55,8 @@ fn leaf(
 }
 
 /// Generate a fresh PKI and write it into `dir` (created if missing).
-pub fn write(dir: &Path) -> Result<PkiFiles, PkiError> {
-    std::fs::create_dir_all(dir).map_err(|e| PkiError::Write(dir.to_owned(), e))?;
+pub fn write(dir: &Path) -> Result<PkiFiles, Error> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::Write(dir.to_owned(), e))?;
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name
@@ -91,9 +66,9 @@ pub fn write(dir: &Path) -> Result<PkiFiles, PkiError> {
     let ca_pem = ca.self_signed(&ca_key)?.pem();
     let issuer = Issuer::new(ca, ca_key);
 
-    let put = |name: &str, body: &str| -> Result<PathBuf, PkiError> {
+    let put = |name: &str, body: &str| -> Result<PathBuf, Error> {
         let p = dir.join(name);
-        std::fs::write(&p, body).map_err(|e| PkiError::Write(p.clone(), e))?;
+        std::fs::write(&p, body).map_err(|e| Error::Write(p.clone(), e))?;
         Ok(p)
     };
     let (server_cert, server_key) = leaf(&issuer, "konnectivity-server", true)?;

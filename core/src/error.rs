@@ -7,7 +7,12 @@
 //!
 //! The enum is `#[non_exhaustive]` and grouped in sections, one per part of the
 //! engine; each section is owned by that part. `Display` is hand-written so the
-//! messages stay stable and readable.
+//! messages stay stable and readable. A few modules keep a detail type their
+//! own API returns — `cli::ParseError` (pflag's exact messages),
+//! `cli::engine::EngineError`, `log::LogError` — and each converts into a
+//! variant here, so `?` carries them into [`Error`]. `io::resolve::DialError`
+//! and `http1::RequestError` are classifications (Go's dial error text, the
+//! HTTP status to answer), not failures of the engine.
 
 use std::fmt;
 use std::io;
@@ -166,6 +171,32 @@ pub enum Error {
     /// A socket write made no progress for this long: the peer stopped
     /// reading (zero window or full socket buffer).
     WriteTimeout(Duration),
+
+    // ---- command line and logging (cli, log): start-up errors ----
+    /// The command line does not parse (pflag's wording).
+    Flags(crate::cli::ParseError),
+    /// One of konn's engine flags is out of range.
+    EngineFlag(crate::cli::engine::EngineError),
+    /// Logging cannot be set up (e.g. `--log-file` cannot be opened).
+    Log(crate::log::LogError),
+}
+
+impl From<crate::cli::ParseError> for Error {
+    fn from(e: crate::cli::ParseError) -> Self {
+        Self::Flags(e)
+    }
+}
+
+impl From<crate::cli::engine::EngineError> for Error {
+    fn from(e: crate::cli::engine::EngineError) -> Self {
+        Self::EngineFlag(e)
+    }
+}
+
+impl From<crate::log::LogError> for Error {
+    fn from(e: crate::log::LogError) -> Self {
+        Self::Log(e)
+    }
 }
 
 /// What is wrong with a PEM file (see [`Error::Pem`]).
@@ -316,6 +347,9 @@ impl fmt::Display for Error {
             Self::StreamClosed(id) => write!(f, "HTTP/2 stream {id} is closed"),
             Self::H2Usage(what) => write!(f, "HTTP/2 API misuse: {what}"),
             Self::WriteTimeout(d) => write!(f, "peer did not read for {d:?}: write timed out"),
+            Self::Flags(e) => e.fmt(f),
+            Self::EngineFlag(e) => e.fmt(f),
+            Self::Log(e) => e.fmt(f),
         }
     }
 }
@@ -356,6 +390,9 @@ impl std::error::Error for Error {
             | Self::Bind { source: e, .. } => Some(e),
             Self::Tls(e) => Some(e),
             Self::Frame(e) => Some(e),
+            Self::Flags(e) => Some(e),
+            Self::EngineFlag(e) => Some(e),
+            Self::Log(e) => Some(e),
             _ => None,
         }
     }

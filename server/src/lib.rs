@@ -17,6 +17,7 @@
 pub mod agents;
 pub mod backends;
 pub mod connect;
+pub mod error;
 pub mod frontend;
 pub mod health;
 pub mod metrics;
@@ -25,3 +26,5 @@ pub mod router;
 pub mod serve;
 pub mod settings;
 pub mod worker;
+
+pub use error::Error;

@@ -35,12 +35,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use konn_core::cli::engine::{EngineError, EngineFlags};
+use konn_core::cli::engine::EngineFlags;
 use konn_core::cli::{Command, FlagSet, GoDuration, random_uuid};
 use konn_core::io::tls::TlsMinVersion;
 use konn_core::io::tls::config::default_provider;
 use konn_core::io::tls::suites::cipher_suites_from_go_names;
 use konn_core::log::LogConfig;
+
+use crate::Error;
 
 /// The program name shown in `--help`.
 pub const PROGRAM: &str = "proxy-server";
@@ -528,7 +530,7 @@ impl ServerFlags {
     /// # Errors
     ///
     /// The first rule broken.
-    pub fn validate(&self, engine: EngineFlags) -> Result<ServerOptions, OptionsError> {
+    pub fn validate(&self, engine: EngineFlags) -> Result<ServerOptions, Error> {
         // Certificate files: key and cert come in pairs; files must exist.
         check_pair(
             ("server-key", &self.server_key),
@@ -552,12 +554,12 @@ impl ServerFlags {
         let mode = match self.mode.as_str() {
             MODE_GRPC => Mode::Grpc,
             MODE_HTTP_CONNECT => Mode::HttpConnect,
-            other => return Err(OptionsError::InvalidMode(other.to_owned())),
+            other => return Err(Error::InvalidMode(other.to_owned())),
         };
         let uds = !self.uds_name.is_empty();
         if uds {
             if self.server_port != 0 {
-                return Err(OptionsError::UdsPortNotZero(self.server_port));
+                return Err(Error::UdsPortNotZero(self.server_port));
             }
             for (flag, value) in [
                 ("server-key", &self.server_key),
@@ -565,11 +567,11 @@ impl ServerFlags {
                 ("server-ca-cert", &self.server_ca_cert),
             ] {
                 if !value.is_empty() {
-                    return Err(OptionsError::TlsWithUds(flag));
+                    return Err(Error::TlsWithUds(flag));
                 }
             }
         } else if self.server_ca_cert.is_empty() {
-            return Err(OptionsError::TcpFrontendNeedsCa);
+            return Err(Error::TcpFrontendNeedsCa);
         }
 
         let ports = [
@@ -580,24 +582,24 @@ impl ServerFlags {
         ];
         for (flag, port) in ports {
             if port > MAX_PORT {
-                return Err(OptionsError::EphemeralPort { flag, port });
+                return Err(Error::EphemeralPort { flag, port });
             }
         }
         for (flag, port) in ports {
             // A UDS frontend has no port (it is 0, checked above).
             if port < MIN_PORT && !(flag == "server-port" && uds) {
-                return Err(OptionsError::ReservedPort { flag, port });
+                return Err(Error::ReservedPort { flag, port });
             }
         }
 
         if self.enable_contention_profiling && !self.enable_profiling {
-            return Err(OptionsError::ContentionWithoutProfiling);
+            return Err(Error::ContentionWithoutProfiling);
         }
 
         let token_auth = self.uses_token_auth();
         if token_auth {
             if !self.cluster_ca_cert.is_empty() {
-                return Err(OptionsError::TokenAuthWithClusterCa);
+                return Err(Error::TokenAuthWithClusterCa);
             }
             for (flag, value) in [
                 ("agent-namespace", &self.agent_namespace),
@@ -605,7 +607,7 @@ impl ServerFlags {
                 ("authentication-audience", &self.authentication_audience),
             ] {
                 if value.is_empty() {
-                    return Err(OptionsError::TokenAuthIncomplete(flag));
+                    return Err(Error::TokenAuthIncomplete(flag));
                 }
             }
         }
@@ -614,14 +616,14 @@ impl ServerFlags {
         let proxy_strategies = parse_proxy_strategies(&self.proxy_strategies)?;
 
         if self.xfr_channel_size <= 0 {
-            return Err(OptionsError::ChannelSize(self.xfr_channel_size));
+            return Err(Error::ChannelSize(self.xfr_channel_size));
         }
 
         let mut warnings = Vec::new();
         let tls_min_version = match self.tls_min_version.as_str() {
             "" | "VersionTLS10" | "VersionTLS11" | "VersionTLS12" | "VersionTLS13" => {
                 let (version, warning) = TlsMinVersion::from_go_name(&self.tls_min_version)
-                    .map_err(|_| OptionsError::UnknownTlsVersion(self.tls_min_version.clone()))?;
+                    .map_err(|_| Error::UnknownTlsVersion(self.tls_min_version.clone()))?;
                 if let Some(w) = warning {
                     warnings.push(format!(
                         "--tls-min-version={} is below TLS 1.2 and insecure (RFC 8996); {w}",
@@ -630,7 +632,7 @@ impl ServerFlags {
                 }
                 version
             }
-            other => return Err(OptionsError::UnknownTlsVersion(other.to_owned())),
+            other => return Err(Error::UnknownTlsVersion(other.to_owned())),
         };
         check_cipher_suites(&self.cipher_suites)?;
 
@@ -649,7 +651,7 @@ impl ServerFlags {
         let frontend_keepalive_time =
             non_negative("frontend-keepalive-time", self.frontend_keepalive_time)?;
         let server_count =
-            usize::try_from(self.server_count).map_err(|_| OptionsError::NegativeCount {
+            usize::try_from(self.server_count).map_err(|_| Error::NegativeCount {
                 flag: "server-count",
                 value: self.server_count,
             })?;
@@ -916,8 +918,8 @@ impl ServerOptions {
     /// # Errors
     ///
     /// The first invalid value.
-    pub fn from_flags(flags: &FlagSet) -> Result<Self, OptionsError> {
-        let engine = EngineFlags::from_flags(flags).map_err(OptionsError::Engine)?;
+    pub fn from_flags(flags: &FlagSet) -> Result<Self, Error> {
+        let engine = EngineFlags::from_flags(flags).map_err(Error::Engine)?;
         ServerFlags::from_flags(flags).validate(engine)
     }
 
@@ -943,181 +945,14 @@ impl ServerOptions {
     }
 }
 
-/// A proxy-server flag value that upstream (or konn) refuses.
-#[derive(Debug)]
-pub enum OptionsError {
-    /// A file flag names a path that does not exist.
-    FileMissing {
-        /// The flag.
-        flag: &'static str,
-        /// The path given.
-        path: String,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// One of a cert/key pair is set, the other is not.
-    IncompletePair {
-        /// The flag that is set.
-        set: &'static str,
-        /// Its value.
-        value: String,
-        /// The flag that is missing.
-        missing: &'static str,
-    },
-    /// `--mode` is neither `grpc` nor `http-connect`.
-    InvalidMode(String),
-    /// `--uds-name` with a non-zero `--server-port`.
-    UdsPortNotZero(i64),
-    /// `--uds-name` with one of the frontend TLS flags.
-    TlsWithUds(&'static str),
-    /// TCP frontend without `--server-ca-cert`.
-    TcpFrontendNeedsCa,
-    /// A port above 49151.
-    EphemeralPort {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        port: i64,
-    },
-    /// A port below 1024.
-    ReservedPort {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        port: i64,
-    },
-    /// `--enable-contention-profiling` without `--enable-profiling`.
-    ContentionWithoutProfiling,
-    /// Token authentication together with `--cluster-ca-cert`.
-    TokenAuthWithClusterCa,
-    /// Token authentication with one of its three flags empty.
-    TokenAuthIncomplete(&'static str),
-    /// `--proxy-strategies` names no strategy.
-    EmptyProxyStrategies,
-    /// `--proxy-strategies` names an unknown strategy.
-    UnknownProxyStrategy(String),
-    /// `--xfr-channel-size` ≤ 0.
-    ChannelSize(i64),
-    /// `--tls-min-version` is not a Go TLS version name.
-    UnknownTlsVersion(String),
-    /// A `--cipher-suites` entry is refused.
-    CipherSuite {
-        /// The name given.
-        name: String,
-        /// Why.
-        reason: String,
-    },
-    /// `--lease-label` does not parse.
-    InvalidLabels {
-        /// The flag.
-        flag: &'static str,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A duration that must not be negative is.
-    NegativeDuration {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        value: GoDuration,
-    },
-    /// A count that must not be negative is (konn's check).
-    NegativeCount {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        value: i64,
-    },
-    /// A konn flag is out of range.
-    Engine(EngineError),
-}
-
-impl fmt::Display for OptionsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::FileMissing { flag, path, source } => {
-                write!(f, "--{flag}={path}: cannot use the file: {source}")
-            }
-            Self::IncompletePair { set, value, missing } => {
-                write!(f, "--{missing} must be set when --{set} is set (--{set}={value:?})")
-            }
-            Self::InvalidMode(mode) => {
-                write!(f, "--mode must be 'grpc' or 'http-connect', not {mode:?}")
-            }
-            Self::UdsPortNotZero(port) => write!(
-                f,
-                "--server-port must be 0 when the frontend listens on a Unix socket (--uds-name), not {port}"
-            ),
-            Self::TlsWithUds(flag) => write!(
-                f,
-                "--{flag} must not be set when the frontend listens on a Unix socket (--uds-name): it has no TLS"
-            ),
-            Self::TcpFrontendNeedsCa => f.write_str(
-                "--server-ca-cert must be set when the frontend listens on TCP (--uds-name is empty)",
-            ),
-            Self::EphemeralPort { flag, port } => write!(
-                f,
-                "--{flag}={port} is in the ephemeral port range (above 49151); choose a lower port"
-            ),
-            Self::ReservedPort { flag, port } => write!(
-                f,
-                "--{flag}={port} is a reserved port (below 1024); choose a port from 1024 to 49151"
-            ),
-            Self::ContentionWithoutProfiling => {
-                f.write_str("--enable-contention-profiling requires --enable-profiling")
-            }
-            Self::TokenAuthWithClusterCa => f.write_str(
-                "--cluster-ca-cert cannot be combined with agent token authentication \
-                 (--agent-namespace, --agent-service-account, --authentication-audience)",
-            ),
-            Self::TokenAuthIncomplete(flag) => write!(
-                f,
-                "--{flag} must be set for agent token authentication, which is enabled by setting any of \
-                 --agent-namespace, --agent-service-account, --authentication-audience"
-            ),
-            Self::EmptyProxyStrategies => f.write_str("--proxy-strategies must name at least one strategy"),
-            Self::UnknownProxyStrategy(s) => write!(
-                f,
-                "--proxy-strategies: unknown proxy strategy {s:?} (known: default, destHost, defaultRoute)"
-            ),
-            Self::ChannelSize(n) => write!(f, "--xfr-channel-size must be greater than 0, not {n}"),
-            Self::UnknownTlsVersion(v) => write!(
-                f,
-                "--tls-min-version: unsupported TLS version {v:?}; use VersionTLS10, VersionTLS11, VersionTLS12 or VersionTLS13"
-            ),
-            Self::CipherSuite { name, reason } => {
-                write!(f, "--cipher-suites: cipher suite {name:?} is not supported: {reason}")
-            }
-            Self::InvalidLabels { flag, problem } => write!(f, "--{flag}: {problem}"),
-            Self::NegativeDuration { flag, value } => {
-                write!(f, "--{flag} must not be negative, not {value}")
-            }
-            Self::NegativeCount { flag, value } => {
-                write!(f, "--{flag} must not be negative, not {value}")
-            }
-            Self::Engine(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for OptionsError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::FileMissing { source, .. } => Some(source),
-            Self::Engine(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
 /// Upstream's `os.Stat` + `os.IsNotExist` check: only a missing file fails
 /// (a permission problem shows up when the file is read).
-fn check_exists(flag: &'static str, path: &str) -> Result<(), OptionsError> {
+fn check_exists(flag: &'static str, path: &str) -> Result<(), Error> {
     if path.is_empty() {
         return Ok(());
     }
     match std::fs::metadata(path) {
-        Err(source) if source.kind() == io::ErrorKind::NotFound => Err(OptionsError::FileMissing {
+        Err(source) if source.kind() == io::ErrorKind::NotFound => Err(Error::FileMissing {
             flag,
             path: path.to_owned(),
             source,
@@ -1127,13 +962,13 @@ fn check_exists(flag: &'static str, path: &str) -> Result<(), OptionsError> {
 }
 
 /// When `set` is non-empty its file must exist and `other` must be set.
-fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<(), OptionsError> {
+fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<(), Error> {
     if set.1.is_empty() {
         return Ok(());
     }
     check_exists(set.0, set.1)?;
     if other.1.is_empty() {
-        return Err(OptionsError::IncompletePair {
+        return Err(Error::IncompletePair {
             set: set.0,
             value: set.1.to_owned(),
             missing: other.0,
@@ -1144,28 +979,28 @@ fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<
 
 /// Upstream's `ParseProxyStrategies`: comma-separated, empty entries skipped,
 /// at least one.
-fn parse_proxy_strategies(s: &str) -> Result<Vec<ProxyStrategy>, OptionsError> {
+fn parse_proxy_strategies(s: &str) -> Result<Vec<ProxyStrategy>, Error> {
     let mut out = Vec::new();
     for name in s.split(',').filter(|n| !n.is_empty()) {
         out.push(match name {
             "default" => ProxyStrategy::Default,
             "destHost" => ProxyStrategy::DestHost,
             "defaultRoute" => ProxyStrategy::DefaultRoute,
-            other => return Err(OptionsError::UnknownProxyStrategy(other.to_owned())),
+            other => return Err(Error::UnknownProxyStrategy(other.to_owned())),
         });
     }
     if out.is_empty() {
-        return Err(OptionsError::EmptyProxyStrategies);
+        return Err(Error::EmptyProxyStrategies);
     }
     Ok(out)
 }
 
 /// Upstream accepts the names of Go's secure suites; konn also refuses the
 /// ones rustls does not implement.
-fn check_cipher_suites(names: &[String]) -> Result<(), OptionsError> {
+fn check_cipher_suites(names: &[String]) -> Result<(), Error> {
     for name in names {
         if !GO_SECURE_CIPHER_SUITES.contains(&name.as_str()) {
-            return Err(OptionsError::CipherSuite {
+            return Err(Error::CipherSuite {
                 name: name.clone(),
                 reason: "no such Go cipher suite, or Go considers it insecure".to_owned(),
             });
@@ -1174,7 +1009,7 @@ fn check_cipher_suites(names: &[String]) -> Result<(), OptionsError> {
     let provider = default_provider();
     for name in names {
         cipher_suites_from_go_names(std::slice::from_ref(name), &provider).map_err(|e| {
-            OptionsError::CipherSuite {
+            Error::CipherSuite {
                 name: name.clone(),
                 reason: format!("konn's TLS library does not implement it ({e})"),
             }
@@ -1185,9 +1020,9 @@ fn check_cipher_suites(names: &[String]) -> Result<(), OptionsError> {
 
 /// Upstream's `ParseLabels`: `k=v[,k=v...]`, each pair exactly one `=`,
 /// keys and values trimmed; empty input is an error.
-pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, String>, OptionsError> {
+pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, String>, Error> {
     if s.is_empty() {
-        return Err(OptionsError::InvalidLabels {
+        return Err(Error::InvalidLabels {
             flag,
             problem: "must not be empty".to_owned(),
         });
@@ -1196,7 +1031,7 @@ pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, Stri
     for pair in s.split(',') {
         let parts: Vec<&str> = pair.split('=').collect();
         let [k, v] = parts[..] else {
-            return Err(OptionsError::InvalidLabels {
+            return Err(Error::InvalidLabels {
                 flag,
                 problem: format!("invalid label {pair:?}: want key=value"),
             });
@@ -1206,9 +1041,8 @@ pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, Stri
     Ok(out)
 }
 
-fn non_negative(flag: &'static str, d: GoDuration) -> Result<Duration, OptionsError> {
-    d.to_std()
-        .ok_or(OptionsError::NegativeDuration { flag, value: d })
+fn non_negative(flag: &'static str, d: GoDuration) -> Result<Duration, Error> {
+    d.to_std().ok_or(Error::NegativeDuration { flag, value: d })
 }
 
 fn non_empty_path(s: &str) -> Option<PathBuf> {

@@ -150,21 +150,9 @@ impl ServerSettings {
     }
 }
 
-/// Why the options cannot become settings (files, addresses).
-#[derive(Debug)]
-pub struct SettingsError(pub String);
-
-impl std::fmt::Display for SettingsError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for SettingsError {}
-
 /// A listen address from upstream's `--*-bind-address` + port: empty means
 /// all interfaces (dual-stack, as Go's `net.Listen(":port")`).
-pub fn listen_addr(bind: &str, port: u16, flag: &str) -> Result<SocketAddr, SettingsError> {
+pub fn listen_addr(bind: &str, port: u16, flag: &'static str) -> Result<SocketAddr, crate::Error> {
     let host = bind.trim();
     if host.is_empty() {
         return Ok(SocketAddr::new(
@@ -182,34 +170,35 @@ pub fn listen_addr(bind: &str, port: u16, flag: &str) -> Result<SocketAddr, Sett
         .to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
-        .ok_or_else(|| SettingsError(format!("--{flag}: cannot resolve {host:?}")))
+        .ok_or_else(|| crate::Error::Resolve {
+            flag,
+            host: host.to_owned(),
+        })
 }
 
 impl ServerSettings {
     /// Settings from validated command-line options: reads and checks every
     /// certificate and key now, so a bad file fails the start with a line
     /// that names it.
-    pub fn from_options(o: &crate::options::ServerOptions) -> Result<Self, SettingsError> {
+    pub fn from_options(o: &crate::options::ServerOptions) -> Result<Self, crate::Error> {
         use konn_core::io::tls::{PemSource, ServerTlsOptions};
 
         use crate::options::{Frontend, Mode as OptMode, ProxyStrategy};
 
-        let err = |e: konn_core::Error| SettingsError(e.to_string());
         let tls = |cert: &Option<PathBuf>,
                    key: &Option<PathBuf>,
                    ca: Option<&PathBuf>,
-                   what: &str| {
+                   what: &'static str| {
             let (Some(cert), Some(key)) = (cert, key) else {
-                return Err(SettingsError(format!(
-                    "{what}: a certificate and a key are required"
-                )));
+                return Err(crate::Error::MissingCertificate(what));
             };
             let mut t =
                 ServerTlsOptions::new(PemSource::File(cert.clone()), PemSource::File(key.clone()));
             t.client_ca = ca.map(|c| PemSource::File(c.clone()));
             t.min_version = o.tls_min_version.go_name().to_owned();
             t.cipher_suites = o.cipher_suites.clone();
-            t.build().map_err(err)
+            t.build()
+                .map_err(|source| crate::Error::Tls { what, source })
         };
         let a = &o.agent_listener;
         let agent_tls = tls(

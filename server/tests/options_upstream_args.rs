@@ -15,7 +15,8 @@
 mod options_common;
 
 use konn_core::cli::{Outcome, ParseError};
-use konn_server::options::{self, OptionsError, ServerOptions};
+use konn_server::Error;
+use konn_server::options::{self, ServerOptions};
 use options_common::TempFile;
 
 /// Every upstream proxy-server flag with its default as pflag renders it
@@ -153,7 +154,7 @@ fn full_rendered_set_parses_and_validates_like_upstream() {
         "k8s-app=konnectivity-server"
     );
     let e = ServerOptions::from_flags(flags).unwrap_err();
-    assert!(matches!(e, OptionsError::TcpFrontendNeedsCa), "{e}");
+    assert!(matches!(e, Error::TcpFrontendNeedsCa), "{e}");
 
     // Give it the CA: now the `[]` cipher suite is refused, as upstream.
     let ca = TempFile::new("ca");
@@ -163,7 +164,7 @@ fn full_rendered_set_parses_and_validates_like_upstream() {
     cmd.parse(args.clone()).unwrap();
     let e = ServerOptions::from_flags(cmd.flags()).unwrap_err();
     assert!(
-        matches!(&e, OptionsError::CipherSuite { name, .. } if name == "[]"),
+        matches!(&e, Error::CipherSuite { name, .. } if name == "[]"),
         "{e}"
     );
 

@@ -8,12 +8,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use konn_core::io::tls::TlsMinVersion;
+use konn_server::Error;
 use konn_server::options::{
-    self, DEFAULT_BACKEND_DIAL_TIMEOUT, Frontend, Mode, OptionsError, ProxyStrategy, ServerOptions,
+    self, DEFAULT_BACKEND_DIAL_TIMEOUT, Frontend, Mode, ProxyStrategy, ServerOptions,
 };
 use options_common::{TempFile, missing_path};
 
-fn validate(args: &[&str]) -> Result<ServerOptions, OptionsError> {
+fn validate(args: &[&str]) -> Result<ServerOptions, Error> {
     let mut cmd = options::command_with_env(|_| None);
     cmd.parse(args.iter().copied())
         .unwrap_or_else(|e| panic!("{args:?}: {e}"));
@@ -21,14 +22,14 @@ fn validate(args: &[&str]) -> Result<ServerOptions, OptionsError> {
 }
 
 /// A valid TCP-frontend configuration plus `extra`.
-fn tcp(ca: &TempFile, extra: &[&str]) -> Result<ServerOptions, OptionsError> {
+fn tcp(ca: &TempFile, extra: &[&str]) -> Result<ServerOptions, Error> {
     let ca_flag = format!("--server-ca-cert={}", ca.path());
     let mut args = vec![ca_flag.as_str()];
     args.extend_from_slice(extra);
     validate(&args)
 }
 
-fn err(r: Result<ServerOptions, OptionsError>) -> OptionsError {
+fn err(r: Result<ServerOptions, Error>) -> Error {
     r.expect_err("must be rejected")
 }
 
@@ -46,7 +47,7 @@ fn cert_files_must_exist() {
     ] {
         let arg = format!("--{flag}={missing}");
         match err(tcp(&ca, &[&arg])) {
-            OptionsError::FileMissing {
+            Error::FileMissing {
                 flag: f,
                 path,
                 source,
@@ -63,7 +64,7 @@ fn cert_files_must_exist() {
     assert!(
         matches!(
             e,
-            OptionsError::FileMissing {
+            Error::FileMissing {
                 flag: "server-ca-cert",
                 ..
             }
@@ -88,7 +89,7 @@ fn cert_and_key_come_in_pairs() {
     for (set, missing) in cases {
         let arg = format!("--{set}={}", f.path());
         match err(tcp(&ca, &[&arg])) {
-            OptionsError::IncompletePair {
+            Error::IncompletePair {
                 set: s,
                 missing: m,
                 value,
@@ -144,10 +145,7 @@ fn mode() {
     for bad in ["", "GRPC", "http"] {
         let arg = format!("--mode={bad}");
         let e = err(tcp(&ca, &[&arg]));
-        assert!(
-            matches!(&e, OptionsError::InvalidMode(m) if m == bad),
-            "{e}"
-        );
+        assert!(matches!(&e, Error::InvalidMode(m) if m == bad), "{e}");
     }
     assert_eq!(
         err(tcp(&ca, &["--mode=x"])).to_string(),
@@ -181,7 +179,7 @@ fn uds_frontend_rules() {
 
     // The default port 8090 is not 0.
     let e = err(validate(&["--uds-name=/run/konn.sock"]));
-    assert!(matches!(e, OptionsError::UdsPortNotZero(8090)), "{e}");
+    assert!(matches!(e, Error::UdsPortNotZero(8090)), "{e}");
 
     let f = TempFile::new("f");
     for flag in ["server-key", "server-cert", "server-ca-cert"] {
@@ -205,7 +203,7 @@ fn uds_frontend_rules() {
             "server-key"
         };
         assert!(
-            matches!(e, OptionsError::TlsWithUds(f) if f == first),
+            matches!(e, Error::TlsWithUds(f) if f == first),
             "{flag}: {e}"
         );
     }
@@ -214,7 +212,7 @@ fn uds_frontend_rules() {
 #[test]
 fn tcp_frontend_needs_ca() {
     let e = err(validate(&[]));
-    assert!(matches!(e, OptionsError::TcpFrontendNeedsCa), "{e}");
+    assert!(matches!(e, Error::TcpFrontendNeedsCa), "{e}");
     assert_eq!(
         e.to_string(),
         "--server-ca-cert must be set when the frontend listens on TCP (--uds-name is empty)"
@@ -228,7 +226,7 @@ fn ephemeral_ports_rejected() {
         let arg = format!("--{flag}=49152");
         let e = err(tcp(&ca, &[&arg]));
         assert!(
-            matches!(e, OptionsError::EphemeralPort { flag: f, port: 49152 } if f == flag),
+            matches!(e, Error::EphemeralPort { flag: f, port: 49152 } if f == flag),
             "{flag}: {e}"
         );
         let arg = format!("--{flag}=49151");
@@ -248,7 +246,7 @@ fn reserved_ports_rejected() {
             let arg = format!("--{flag}={bad}");
             let e = err(tcp(&ca, &[&arg]));
             assert!(
-                matches!(e, OptionsError::ReservedPort { flag: f, .. } if f == flag),
+                matches!(e, Error::ReservedPort { flag: f, .. } if f == flag),
                 "{flag}={bad}: {e}"
             );
         }
@@ -260,7 +258,7 @@ fn reserved_ports_rejected() {
     assert!(
         matches!(
             e,
-            OptionsError::EphemeralPort {
+            Error::EphemeralPort {
                 flag: "agent-port",
                 ..
             }
@@ -296,7 +294,7 @@ fn ports_become_u16() {
 fn contention_profiling_requires_profiling() {
     let ca = TempFile::new("ca");
     let e = err(tcp(&ca, &["--enable-contention-profiling"]));
-    assert!(matches!(e, OptionsError::ContentionWithoutProfiling), "{e}");
+    assert!(matches!(e, Error::ContentionWithoutProfiling), "{e}");
     let o = tcp(
         &ca,
         &["--enable-contention-profiling", "--enable-profiling"],
@@ -328,13 +326,13 @@ fn token_auth_rules() {
             "authentication-audience",
         ][missing];
         assert!(
-            matches!(e, OptionsError::TokenAuthIncomplete(f) if f == flag),
+            matches!(e, Error::TokenAuthIncomplete(f) if f == flag),
             "{e}"
         );
     }
     let cluster_ca = format!("--cluster-ca-cert={}", ca.path());
     let e = err(tcp(&ca, &[trio[0], &cluster_ca]));
-    assert!(matches!(e, OptionsError::TokenAuthWithClusterCa), "{e}");
+    assert!(matches!(e, Error::TokenAuthWithClusterCa), "{e}");
 
     let o = tcp(&ca, &trio).expect("complete token auth validates");
     let auth = o.token_auth.as_ref().unwrap();
@@ -379,17 +377,14 @@ fn proxy_strategies() {
     for empty in ["", ",", ",,"] {
         let arg = format!("--proxy-strategies={empty}");
         assert!(
-            matches!(err(tcp(&ca, &[&arg])), OptionsError::EmptyProxyStrategies),
+            matches!(err(tcp(&ca, &[&arg])), Error::EmptyProxyStrategies),
             "{empty:?}"
         );
     }
     for bad in ["desthost", "default, destHost", "destCIDR"] {
         let arg = format!("--proxy-strategies={bad}");
         assert!(
-            matches!(
-                err(tcp(&ca, &[&arg])),
-                OptionsError::UnknownProxyStrategy(_)
-            ),
+            matches!(err(tcp(&ca, &[&arg])), Error::UnknownProxyStrategy(_)),
             "{bad:?}"
         );
     }
@@ -401,7 +396,7 @@ fn channel_size_must_be_positive() {
     for bad in ["0", "-1"] {
         let arg = format!("--xfr-channel-size={bad}");
         assert!(
-            matches!(err(tcp(&ca, &[&arg])), OptionsError::ChannelSize(_)),
+            matches!(err(tcp(&ca, &[&arg])), Error::ChannelSize(_)),
             "{bad}"
         );
     }
@@ -441,7 +436,7 @@ fn tls_min_version() {
         let arg = format!("--tls-min-version={bad}");
         let e = err(tcp(&ca, &[&arg]));
         assert!(
-            matches!(&e, OptionsError::UnknownTlsVersion(v) if v == bad),
+            matches!(&e, Error::UnknownTlsVersion(v) if v == bad),
             "{bad:?}: {e}"
         );
     }
@@ -476,7 +471,7 @@ fn cipher_suites() {
         let arg = format!("--cipher-suites={bad}");
         let e = err(tcp(&ca, &[&arg]));
         assert!(
-            matches!(&e, OptionsError::CipherSuite { name, .. } if name == bad.trim_start() || name == bad),
+            matches!(&e, Error::CipherSuite { name, .. } if name == bad.trim_start() || name == bad),
             "{bad}: {e}"
         );
     }
@@ -498,7 +493,7 @@ fn lease_labels_checked_only_with_the_controller() {
         assert!(
             matches!(
                 e,
-                OptionsError::InvalidLabels {
+                Error::InvalidLabels {
                     flag: "lease-label",
                     ..
                 }
@@ -559,7 +554,7 @@ fn durations() {
         let arg = format!("--{flag}=-1s");
         let e = err(tcp(&ca, &[&arg]));
         assert!(
-            matches!(e, OptionsError::NegativeDuration { flag: f, .. } if f == flag),
+            matches!(e, Error::NegativeDuration { flag: f, .. } if f == flag),
             "{flag}: {e}"
         );
         assert_eq!(
@@ -595,7 +590,7 @@ fn server_identity_and_count() {
     assert!(
         matches!(
             e,
-            OptionsError::NegativeCount {
+            Error::NegativeCount {
                 flag: "server-count",
                 value: -1
             }
@@ -633,7 +628,7 @@ fn kube_client_settings_are_kept() {
 fn engine_flags_are_validated_too() {
     let ca = TempFile::new("ca");
     let e = err(tcp(&ca, &["--workers=-1"]));
-    assert!(matches!(e, OptionsError::Engine(_)), "{e}");
+    assert!(matches!(e, Error::Engine(_)), "{e}");
     let o = tcp(
         &ca,
         &["--io-engine=epoll", "--workers=2", "--memory-budget=64Mi"],

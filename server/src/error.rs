@@ -1,0 +1,198 @@
+//! The crate's error type: why proxy-server refuses to start.
+
+use std::fmt;
+use std::io;
+
+use konn_core::cli::GoDuration;
+use konn_core::cli::engine::EngineError;
+
+/// Everything proxy-server refuses before it serves: a flag value upstream
+/// (or konn) rejects, a certificate that does not load, a listen address
+/// that does not resolve.
+#[derive(Debug)]
+pub enum Error {
+    /// A file flag names a path that does not exist.
+    FileMissing {
+        /// The flag.
+        flag: &'static str,
+        /// The path given.
+        path: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// One of a cert/key pair is set, the other is not.
+    IncompletePair {
+        /// The flag that is set.
+        set: &'static str,
+        /// Its value.
+        value: String,
+        /// The flag that is missing.
+        missing: &'static str,
+    },
+    /// `--mode` is neither `grpc` nor `http-connect`.
+    InvalidMode(String),
+    /// `--uds-name` with a non-zero `--server-port`.
+    UdsPortNotZero(i64),
+    /// `--uds-name` with one of the frontend TLS flags.
+    TlsWithUds(&'static str),
+    /// TCP frontend without `--server-ca-cert`.
+    TcpFrontendNeedsCa,
+    /// A port above 49151.
+    EphemeralPort {
+        /// The flag.
+        flag: &'static str,
+        /// The value.
+        port: i64,
+    },
+    /// A port below 1024.
+    ReservedPort {
+        /// The flag.
+        flag: &'static str,
+        /// The value.
+        port: i64,
+    },
+    /// `--enable-contention-profiling` without `--enable-profiling`.
+    ContentionWithoutProfiling,
+    /// Token authentication together with `--cluster-ca-cert`.
+    TokenAuthWithClusterCa,
+    /// Token authentication with one of its three flags empty.
+    TokenAuthIncomplete(&'static str),
+    /// `--proxy-strategies` names no strategy.
+    EmptyProxyStrategies,
+    /// `--proxy-strategies` names an unknown strategy.
+    UnknownProxyStrategy(String),
+    /// `--xfr-channel-size` ≤ 0.
+    ChannelSize(i64),
+    /// `--tls-min-version` is not a Go TLS version name.
+    UnknownTlsVersion(String),
+    /// A `--cipher-suites` entry is refused.
+    CipherSuite {
+        /// The name given.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// `--lease-label` does not parse.
+    InvalidLabels {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A duration that must not be negative is.
+    NegativeDuration {
+        /// The flag.
+        flag: &'static str,
+        /// The value.
+        value: GoDuration,
+    },
+    /// A count that must not be negative is (konn's check).
+    NegativeCount {
+        /// The flag.
+        flag: &'static str,
+        /// The value.
+        value: i64,
+    },
+    /// A konn flag is out of range.
+    Engine(EngineError),
+    /// A TLS listener lacks its certificate or key.
+    MissingCertificate(&'static str),
+    /// A TLS listener's certificate, key or CA does not load.
+    Tls {
+        /// Which listener (and its flags).
+        what: &'static str,
+        /// Why.
+        source: konn_core::Error,
+    },
+    /// A `--*-bind-address` names a host that does not resolve.
+    Resolve {
+        /// The flag.
+        flag: &'static str,
+        /// Its value.
+        host: String,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::FileMissing { flag, path, source } => {
+                write!(f, "--{flag}={path}: cannot use the file: {source}")
+            }
+            Self::IncompletePair { set, value, missing } => {
+                write!(f, "--{missing} must be set when --{set} is set (--{set}={value:?})")
+            }
+            Self::InvalidMode(mode) => {
+                write!(f, "--mode must be 'grpc' or 'http-connect', not {mode:?}")
+            }
+            Self::UdsPortNotZero(port) => write!(
+                f,
+                "--server-port must be 0 when the frontend listens on a Unix socket (--uds-name), not {port}"
+            ),
+            Self::TlsWithUds(flag) => write!(
+                f,
+                "--{flag} must not be set when the frontend listens on a Unix socket (--uds-name): it has no TLS"
+            ),
+            Self::TcpFrontendNeedsCa => f.write_str(
+                "--server-ca-cert must be set when the frontend listens on TCP (--uds-name is empty)",
+            ),
+            Self::EphemeralPort { flag, port } => write!(
+                f,
+                "--{flag}={port} is in the ephemeral port range (above 49151); choose a lower port"
+            ),
+            Self::ReservedPort { flag, port } => write!(
+                f,
+                "--{flag}={port} is a reserved port (below 1024); choose a port from 1024 to 49151"
+            ),
+            Self::ContentionWithoutProfiling => {
+                f.write_str("--enable-contention-profiling requires --enable-profiling")
+            }
+            Self::TokenAuthWithClusterCa => f.write_str(
+                "--cluster-ca-cert cannot be combined with agent token authentication \
+                 (--agent-namespace, --agent-service-account, --authentication-audience)",
+            ),
+            Self::TokenAuthIncomplete(flag) => write!(
+                f,
+                "--{flag} must be set for agent token authentication, which is enabled by setting any of \
+                 --agent-namespace, --agent-service-account, --authentication-audience"
+            ),
+            Self::EmptyProxyStrategies => f.write_str("--proxy-strategies must name at least one strategy"),
+            Self::UnknownProxyStrategy(s) => write!(
+                f,
+                "--proxy-strategies: unknown proxy strategy {s:?} (known: default, destHost, defaultRoute)"
+            ),
+            Self::ChannelSize(n) => write!(f, "--xfr-channel-size must be greater than 0, not {n}"),
+            Self::UnknownTlsVersion(v) => write!(
+                f,
+                "--tls-min-version: unsupported TLS version {v:?}; use VersionTLS10, VersionTLS11, VersionTLS12 or VersionTLS13"
+            ),
+            Self::CipherSuite { name, reason } => {
+                write!(f, "--cipher-suites: cipher suite {name:?} is not supported: {reason}")
+            }
+            Self::InvalidLabels { flag, problem } => write!(f, "--{flag}: {problem}"),
+            Self::NegativeDuration { flag, value } => {
+                write!(f, "--{flag} must not be negative, not {value}")
+            }
+            Self::NegativeCount { flag, value } => {
+                write!(f, "--{flag} must not be negative, not {value}")
+            }
+            Self::Engine(e) => e.fmt(f),
+            Self::MissingCertificate(what) => {
+                write!(f, "{what}: a certificate and a key are required")
+            }
+            Self::Tls { what, source } => write!(f, "{what}: {source}"),
+            Self::Resolve { flag, host } => write!(f, "--{flag}: cannot resolve {host:?}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::FileMissing { source, .. } => Some(source),
+            Self::Engine(e) => Some(e),
+            Self::Tls { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
