@@ -62,7 +62,7 @@ fn start_sink(engine: Engine) -> std::net::SocketAddr {
     let addr = l.local_addr().unwrap();
     std::thread::spawn(move || {
         block_on(engine, async move {
-            let l = monoio::net::TcpListener::from_std(l).unwrap();
+            let l = konn_core::io::listen::tcp_into_monoio(l).unwrap();
             loop {
                 let Ok((s, _)) = l.accept().await else { return };
                 let _ = s.set_nodelay(true);
