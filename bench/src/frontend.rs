@@ -117,7 +117,7 @@ impl GrpcFrontend {
     fn start<IO>(io: IO, tls: Option<konn_core::io::tls::TlsLayer>) -> Self
     where
         IO: monoio::io::Splitable + 'static,
-        IO::OwnedRead: monoio::io::AsyncReadRent + 'static,
+        IO::OwnedRead: monoio::io::AsyncReadRent + konn_core::io::sock::ReadReady + 'static,
         IO::OwnedWrite: monoio::io::AsyncWriteRent + 'static,
     {
         let handler = FrontendHandler::default();

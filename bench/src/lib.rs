@@ -12,6 +12,7 @@
 pub mod dest;
 pub mod error;
 pub mod frontend;
+pub mod harness;
 pub mod pki;
 pub mod procs;
 

@@ -10,6 +10,7 @@
 //!
 //! Errors of every module are [`Error`].
 
+pub mod alloc;
 pub mod cli;
 pub mod error;
 pub mod http1;

@@ -114,7 +114,7 @@ fn server_conn(tls: Option<TlsLayer>) -> ConnHandle<Grpc, EchoServer> {
 async fn run_client<S>(io: S, tls: Option<TlsLayer>)
 where
     S: monoio::io::Splitable + 'static,
-    S::OwnedRead: monoio::io::AsyncReadRent + 'static,
+    S::OwnedRead: monoio::io::AsyncReadRent + konn_core::io::sock::ReadReady + 'static,
     S::OwnedWrite: monoio::io::AsyncWriteRent + 'static,
 {
     let client = Client::default();

@@ -301,7 +301,7 @@ async fn konn_server_go_client(engine: Engine, certs: &Certs, transport: Transpo
 async fn serve<IO>(io: IO, tls: Option<TlsLayer>, handler: Exchange, clean: bool, peer: &mut GoPeer)
 where
     IO: monoio::io::Splitable + 'static,
-    IO::OwnedRead: monoio::io::AsyncReadRent + 'static,
+    IO::OwnedRead: monoio::io::AsyncReadRent + konn_core::io::sock::ReadReady + 'static,
     IO::OwnedWrite: monoio::io::AsyncWriteRent + 'static,
 {
     let calls = handler.calls();
@@ -493,7 +493,7 @@ async fn call<IO>(
     peer: &mut GoPeer,
 ) where
     IO: monoio::io::Splitable + 'static,
-    IO::OwnedRead: monoio::io::AsyncReadRent + 'static,
+    IO::OwnedRead: monoio::io::AsyncReadRent + konn_core::io::sock::ReadReady + 'static,
     IO::OwnedWrite: monoio::io::AsyncWriteRent + 'static,
 {
     let calls = handler.calls();

@@ -29,6 +29,7 @@ use konn_core::io::listen::{
     TcpListeners, UnixListenOptions, accept_loop, bind_unix, tcp_into_monoio, unix_into_monoio,
 };
 use konn_core::io::runtime::{Either, StopToken, Stopper, WorkerCtx, Workers, race};
+use konn_core::io::sock::ReadReady;
 use konn_core::io::tls::TlsLayer;
 use konn_core::io::xcore::{DetachedTcp, DetachedUnix, detach_tcp, detach_unix};
 use konn_core::proto::grpc::Grpc;
@@ -591,7 +592,7 @@ async fn serve_frontend(worker: Rc<Worker>, sock: FrontSock, migrate: Rc<dyn Fn(
 }
 
 /// Sockets a frontend can move with.
-trait Movable: Split + AsyncReadRent + AsyncWriteRent + Sized + 'static {
+trait Movable: Split + AsyncReadRent + AsyncWriteRent + ReadReady + Sized + 'static {
     fn detach(self) -> Result<MovingFd, Error>;
 }
 

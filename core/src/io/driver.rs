@@ -43,6 +43,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Split, Splita
 
 use super::notify::Notify;
 use super::runtime::{Either, race};
+use super::sock::ReadReady;
 use super::tls::{Plaintext, TlsLayer};
 use crate::Error;
 use crate::proto::grpc::Grpc;
@@ -50,6 +51,14 @@ use crate::proto::h2::Connection;
 
 /// How much to read per read call.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// Initial size of the writer's buffers.
+const WRITE_CHUNK: usize = 64 * 1024;
+
+/// A connection idle this long gives its read and write buffers back (the
+/// next data allocates them again): an idle connection then costs only its
+/// protocol state.
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
 
 /// Driver settings.
 #[derive(Clone, Copy, Debug)]
@@ -344,7 +353,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     pub async fn run<IO>(self, io: IO) -> Result<(), Error>
     where
         IO: Splitable,
-        IO::OwnedRead: AsyncReadRent + 'static,
+        IO::OwnedRead: AsyncReadRent + ReadReady + 'static,
         IO::OwnedWrite: AsyncWriteRent + 'static,
     {
         let (rd, wr) = io.into_split();
@@ -364,7 +373,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     /// not called then.
     pub async fn run_detachable<IO>(self, io: IO) -> Result<Option<Detached<IO, S>>, Error>
     where
-        IO: Split + AsyncReadRent + AsyncWriteRent + 'static,
+        IO: Split + AsyncReadRent + AsyncWriteRent + ReadReady + 'static,
     {
         let (rd, wr) = io.into_split();
         match self.run_halves(rd, wr).await? {
@@ -391,7 +400,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
 
     async fn run_halves<R, W>(self, rd: R, wr: W) -> Result<Option<Halted<R, W, S>>, Error>
     where
-        R: AsyncReadRent + 'static,
+        R: AsyncReadRent + ReadReady + 'static,
         W: AsyncWriteRent + 'static,
     {
         let conn = self.0.clone();
@@ -498,7 +507,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
 
     /// Returns the outcome and, when stopping for a detach, the read half
     /// and the unprocessed input.
-    async fn read_loop<R: AsyncReadRent>(
+    async fn read_loop<R: AsyncReadRent + ReadReady>(
         &self,
         rd: R,
     ) -> (Result<(), Error>, Option<R>, (BytesMut, BytesMut)) {
@@ -512,7 +521,32 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         (r, rd, (buf, plain))
     }
 
-    async fn read_inner<R: AsyncReadRent>(
+    /// Wait until `reader` has data (or EOF) with no read in flight, so an
+    /// idle connection holds no read buffer: after [`IDLE_RELEASE`] without
+    /// data, `buf`'s memory is released. Returns `false` when the reader
+    /// must stop instead.
+    async fn wait_readable<R: ReadReady>(
+        &self,
+        reader: &R,
+        buf: &mut BytesMut,
+    ) -> Result<bool, Error> {
+        let first = race(
+            reader.read_ready(),
+            race(self.closing.notified(), monoio::time::sleep(IDLE_RELEASE)),
+        )
+        .await;
+        match first {
+            Either::Left(r) => return r.map(|()| true).map_err(Error::Io),
+            Either::Right(Either::Left(())) => return Ok(false),
+            Either::Right(Either::Right(())) => *buf = BytesMut::new(),
+        }
+        match race(reader.read_ready(), self.closing.notified()).await {
+            Either::Left(r) => r.map(|()| true).map_err(Error::Io),
+            Either::Right(()) => Ok(false),
+        }
+    }
+
+    async fn read_inner<R: AsyncReadRent + ReadReady>(
         &self,
         rd: &mut Option<R>,
         buf: &mut BytesMut,
@@ -549,11 +583,14 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                     continue;
                 }
             }
-            buf.reserve(READ_CHUNK);
-            let len = buf.len();
             let Some(reader) = rd.as_mut() else {
                 return Ok(());
             };
+            if buf.is_empty() && !self.wait_readable(reader, buf).await? {
+                return Ok(()); // stopping
+            }
+            buf.reserve(READ_CHUNK);
+            let len = buf.len();
             let owned = std::mem::take(buf);
             let read = reader.read(owned.slice_mut(len..));
             let (res, slice) = match race(read, self.closing.notified()).await {
@@ -606,10 +643,12 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
 
     /// Returns the write half when stopping for a detach.
     async fn write_loop<W: AsyncWriteRent>(&self, mut wr: W) -> Result<Option<W>, Error> {
-        let mut plain = BytesMut::with_capacity(64 * 1024);
-        let mut out = BytesMut::with_capacity(64 * 1024);
+        let mut plain = BytesMut::new();
+        let mut out = BytesMut::new();
         let result = loop {
             if plain.is_empty() {
+                // Buffers are (re)allocated on demand: none while idle.
+                plain.reserve(WRITE_CHUNK);
                 self.session.borrow_mut().poll_transmit(
                     super::clock::now(),
                     &mut plain,
@@ -635,7 +674,19 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 if done {
                     break Ok(());
                 }
-                self.wake_writer.notified().await;
+                let woken = race(
+                    self.wake_writer.notified(),
+                    monoio::time::sleep(IDLE_RELEASE),
+                )
+                .await;
+                if let Either::Right(()) = woken {
+                    // Idle: give the buffers back until there is output again.
+                    if plain.is_empty() {
+                        plain = BytesMut::new();
+                        out = BytesMut::new();
+                    }
+                    self.wake_writer.notified().await;
+                }
                 continue;
             }
             let Ok((res, o)) =

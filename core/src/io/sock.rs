@@ -1,8 +1,43 @@
 //! Small socket helpers the drivers share.
 
+use std::future::Future;
 use std::io;
 
+use monoio::io::OwnedReadHalf;
 use monoio::net::tcp::TcpOwnedReadHalf;
+use monoio::net::{TcpStream, UnixStream};
+
+/// Sockets (and read halves) that can wait for data without a read in
+/// flight, so an idle connection need not hold a buffer.
+pub trait ReadReady {
+    /// Resolves when data (or EOF, or an error) is ready to read.
+    fn read_ready(&self) -> impl Future<Output = io::Result<()>>;
+}
+
+impl ReadReady for TcpStream {
+    fn read_ready(&self) -> impl Future<Output = io::Result<()>> {
+        self.readable(true)
+    }
+}
+
+impl ReadReady for UnixStream {
+    fn read_ready(&self) -> impl Future<Output = io::Result<()>> {
+        self.readable(true)
+    }
+}
+
+impl<T: ReadReady> ReadReady for OwnedReadHalf<T> {
+    #[allow(unsafe_code)]
+    fn read_ready(&self) -> impl Future<Output = io::Result<()>> {
+        // SAFETY: as in `readable` below: the split keeps the stream in an
+        // `Rc<UnsafeCell<_>>` and hands out `&mut` only inside the halves'
+        // own read and write calls; a readiness wait only polls the shared
+        // fd, and this half issues no read while the future lives (the
+        // driver awaits it before reading).
+        let stream = unsafe { &*self.0.get() };
+        stream.read_ready()
+    }
+}
 
 /// Wait until the read half of a split TCP stream has data (or EOF), without
 /// committing a buffer: an idle connection then holds no read buffer.

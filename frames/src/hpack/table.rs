@@ -2,12 +2,14 @@
 //! the encoder.
 //!
 //! ## Representation
-//! Two preallocated rings and no allocation per entry:
-//! - `bytes`: one byte buffer of capacity `C = 2 × max_size` holding each
-//!   entry's name immediately followed by its value;
+//! Two rings that grow on demand and no allocation per entry:
+//! - `bytes`: one byte buffer of length `C` holding each entry's name
+//!   immediately followed by its value. It starts empty and doubles (by a
+//!   rebuild) whenever an insert needs `C ≥ 2 × (B + L)` (live bytes plus
+//!   the new entry's), up to `2 × max_size`; so a connection whose peer
+//!   inserts a few headers holds a few hundred bytes, not `2 × 4096`;
 //! - `entries`: a `VecDeque` of `(start, name_len, value_len)`, newest at the
-//!   front, with capacity reserved for `max_size / 32` entries (the most
-//!   that fit, as every entry costs at least 32).
+//!   front, grown as entries arrive.
 //!
 //! Entry positions are *virtual*: they only grow, and the physical offset is
 //! `start % C`. An entry never straddles the physical end of the buffer: if
@@ -17,12 +19,12 @@
 //! `[oldest.start, write)`, and a new entry fits when that span plus the
 //! entry stays within `C`.
 //!
-//! Why `2 × max_size` always suffices without evicting more than RFC 7541
-//! asks: after the RFC eviction the live bytes `B` and the new entry's bytes
-//! `L` satisfy `B + L < max_size`. The span holds `B`, at most one gap `g0`
+//! Why `C ≥ 2 × (B + L)` always suffices without evicting more than RFC 7541
+//! asks (and `2 × max_size` is enough for that, as after the RFC eviction
+//! `B + L < max_size`): the span holds `B`, at most one gap `g0`
 //! (smaller than the entry right after it, which is live, so `g0 ≤ B`) and
 //! possibly a new gap `g1 < L` before the new entry: `B + g0 + g1 + L <
-//! 2(B + L) < C`. The code still evicts further if the bound were ever
+//! 2(B + L) ≤ C`. The code still evicts further if the bound were ever
 //! violated (a debug assertion flags it), so memory safety never rests on
 //! the argument.
 //!
@@ -32,6 +34,9 @@ use std::collections::VecDeque;
 
 /// Per-entry overhead in the RFC 7541 §4.1 size accounting.
 pub(super) const ENTRY_OVERHEAD: usize = 32;
+
+/// Smallest ring allocated once anything is inserted.
+const MIN_RING: usize = 256;
 
 /// Virtual positions are rebased before they could come near overflow.
 const REBASE_AT: u64 = 1 << 62;
@@ -88,8 +93,8 @@ impl Table {
     /// An empty table with maximum size `max_size`.
     pub(super) fn new(max_size: usize) -> Self {
         Self {
-            bytes: vec![0; ring_len(max_size)],
-            entries: VecDeque::with_capacity(max_size / ENTRY_OVERHEAD),
+            bytes: Vec::new(),
+            entries: VecDeque::new(),
             write: 0,
             size: 0,
             max_size,
@@ -152,18 +157,11 @@ impl Table {
         (None, name_match)
     }
 
-    /// Applies a new maximum size: evicts down to it and grows the ring if
-    /// needed (the only allocation after construction).
+    /// Applies a new maximum size: evicts down to it (the ring grows on the
+    /// next insert that needs it).
     pub(super) fn set_max_size(&mut self, max_size: usize) {
         self.max_size = max_size;
         self.evict_to(max_size);
-        if self.bytes.len() < ring_len(max_size) {
-            self.rebuild(ring_len(max_size));
-        }
-        let cap = max_size / ENTRY_OVERHEAD;
-        if self.entries.capacity() < cap {
-            self.entries.reserve(cap - self.entries.len());
-        }
     }
 
     /// Inserts `(name, value)` as the newest entry, evicting as RFC 7541
@@ -172,12 +170,22 @@ impl Table {
     pub(super) fn insert(&mut self, name: &[u8], value: &[u8]) {
         let len = name.len() + value.len();
         let size = len + ENTRY_OVERHEAD;
-        // The second test only matters if the ring invariant were broken.
-        if size > self.max_size || len >= self.bytes.len() {
+        if size > self.max_size {
             self.clear();
             return;
         }
         self.evict_to(self.max_size - size);
+        let live = self.size - self.entries.len() * ENTRY_OVERHEAD;
+        let need = 2 * (live + len);
+        if need > self.bytes.len() || self.bytes.is_empty() {
+            let grown = need.next_power_of_two().max(MIN_RING);
+            self.rebuild(grown.min(ring_len(self.max_size)).max(need));
+        }
+        // Only if the ring invariant were broken.
+        if len >= self.bytes.len() {
+            self.clear();
+            return;
+        }
         let start = self.place(len);
         let ring = self.bytes.len() as u64;
         let p = (start % ring) as usize;
@@ -403,6 +411,29 @@ mod tests {
         t.insert(b"", b"");
         assert_eq!(t.len(), 0);
         assert_eq!(t.get(0), None);
+    }
+
+    #[test]
+    fn the_ring_grows_with_its_contents_and_never_past_twice_the_maximum() {
+        let mut t = Table::new(4096);
+        assert_eq!(
+            t.bytes.len(),
+            0,
+            "nothing allocated before the first insert"
+        );
+        t.insert(b"user-agent", b"grpc-go/1.81.1");
+        assert_eq!(t.bytes.len(), MIN_RING);
+        for i in 0..200u32 {
+            t.insert(b"x-key", format!("value-{i:04}-padding-padding").as_bytes());
+            assert!(t.bytes.len() <= ring_len(4096));
+            let live = t.size - t.len() * ENTRY_OVERHEAD;
+            assert!(
+                t.bytes.len() >= 2 * live,
+                "ring {} < 2 x {live}",
+                t.bytes.len()
+            );
+        }
+        assert_eq!(t.get(0).map(|(n, _)| n), Some(&b"x-key"[..]));
     }
 
     #[test]
