@@ -186,7 +186,11 @@ impl Tunnel {
                 }
             }
             // Not for an agent; upstream ignores them.
-            Packet::DialRsp { .. } | Packet::CloseRsp { .. } | Packet::Drain => {}
+            Packet::DialRsp { .. }
+            | Packet::CloseRsp { .. }
+            | Packet::Drain
+            | Packet::Pause { .. }
+            | Packet::Resume { .. } => {}
         }
     }
 

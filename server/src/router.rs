@@ -431,7 +431,10 @@ impl Router {
             }
             Packet::Drain => self.directory.set_draining(id),
             // An agent never sends these; upstream ignores them too.
-            Packet::DialReq { .. } | Packet::CloseReq { .. } => {}
+            Packet::DialReq { .. }
+            | Packet::CloseReq { .. }
+            | Packet::Pause { .. }
+            | Packet::Resume { .. } => {}
         }
     }
 
@@ -620,7 +623,11 @@ impl Router {
                 });
             }
             // Not for a server; upstream ignores them.
-            Packet::DialRsp { .. } | Packet::CloseRsp { .. } | Packet::Drain => {}
+            Packet::DialRsp { .. }
+            | Packet::CloseRsp { .. }
+            | Packet::Drain
+            | Packet::Pause { .. }
+            | Packet::Resume { .. } => {}
         }
     }
 
