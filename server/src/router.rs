@@ -636,7 +636,11 @@ impl Router {
         let Some(f) = self.frontends.get_mut(&fid) else {
             return;
         };
-        if level == f.rx.queued() {
+        // Nothing to account: no connection established (yet, or any
+        // more) and nothing of one still queued.
+        if level == f.rx.queued()
+            || (f.established.is_empty() && f.rx.queued() == 0 && f.rx.withheld() == 0)
+        {
             return;
         }
         let may_pause = f

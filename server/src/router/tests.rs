@@ -804,6 +804,9 @@ fn stuck_grpc_frontend_is_closed_and_its_credit_released() {
     assert_eq!(released_later(&acts), withheld);
     assert_eq!(r.stats().established, 0);
     assert_eq!(r.poll_timeout(), None);
+    // Its stream still holds what was queued: no second close.
+    r.frontend_level(at(20), 10, 1300);
+    assert_eq!(r.poll_timeout(), None);
     // Data still in flight: answered with CLOSE_REQ, credit back at once.
     let (credit, acts) = agent_data(&mut r, at(20), 5);
     assert_eq!(credit, 15);
