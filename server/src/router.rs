@@ -421,14 +421,25 @@ impl Router {
             };
             f.established
                 .retain(|&(bid, c)| !(bid == id && c == connect_id));
+            // Nobody will RESUME it now.
+            let held = std::mem::take(&mut f.held);
+            f.paused = false;
             match f.kind {
-                FrontendKind::Grpc => self.actions.push_back(Action::ToFrontend {
-                    frontend: fid,
-                    payload: Payload::Packet(Packet::CloseRsp {
-                        error: ByteStr::new(),
-                        connect_id,
-                    }),
-                }),
+                FrontendKind::Grpc => {
+                    if held > 0 {
+                        self.actions.push_back(Action::ResumeFrontend {
+                            frontend: fid,
+                            credit: held,
+                        });
+                    }
+                    self.actions.push_back(Action::ToFrontend {
+                        frontend: fid,
+                        payload: Payload::Packet(Packet::CloseRsp {
+                            error: ByteStr::new(),
+                            connect_id,
+                        }),
+                    });
+                }
                 FrontendKind::HttpConnect => self.close_frontend(fid),
             }
         }

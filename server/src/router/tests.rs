@@ -881,6 +881,35 @@ fn pause_from_the_agent_holds_frontend_credit_until_resume() {
     // A flow that closed meanwhile: ignored.
     from_backend(&mut r, at(1), 1, Packet::Pause { connect_id: 99 });
     assert!(actions(&mut r).is_empty());
+    // Paused when the agent goes away: the held credit comes back.
+    from_backend(&mut r, at(2), 1, Packet::Pause { connect_id: 7 });
+    actions(&mut r);
+    assert_eq!(r.frontend_credit(10, 70), 0);
+    r.backend_gone(1);
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::ResumeFrontend {
+        frontend: 10,
+        credit: 70
+    }));
+    assert!(!r.frontend_paused(10));
+    // And an agent's CLOSE_RSP for a paused flow does the same.
+    let mut r = flow_router(true, FrontendKind::Grpc, 10);
+    from_backend(&mut r, at(0), 1, Packet::Pause { connect_id: 7 });
+    actions(&mut r);
+    assert_eq!(r.frontend_credit(10, 30), 0);
+    from_backend(
+        &mut r,
+        at(0),
+        1,
+        Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 7,
+        },
+    );
+    assert!(actions(&mut r).contains(&Action::ResumeFrontend {
+        frontend: 10,
+        credit: 30
+    }));
 }
 
 #[test]
