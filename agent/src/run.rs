@@ -223,6 +223,10 @@ impl AgentSettings {
         let settings = TunnelSettings {
             dial_timeout: DIAL_TIMEOUT,
             endpoint_queue: o.xfr_channel_size,
+            // What a server's PAUSE may still find queued here for one
+            // flow (docs/design/tunnel.md, "Choosing the marks").
+            tunnel_high_water: e.conn_queue_size,
+            tunnel_low_water: e.conn_queue_size / 4,
             tunnel: TunnelConfig {
                 flow: FlowLimits::from_queue_size(
                     e.conn_queue_size,

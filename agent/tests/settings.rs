@@ -73,6 +73,11 @@ fn defaults_map_like_upstream() {
         (128 << 10, 512 << 10, 4 << 20)
     );
     assert!(c.settings.flow_control, "the extension is offered");
+    assert_eq!(
+        (c.settings.tunnel_high_water, c.settings.tunnel_low_water),
+        (1 << 20, 256 << 10),
+        "endpoints stop being read at one --conn-queue-size queued on the tunnel"
+    );
     assert_eq!(c.driver.write_timeout, Duration::from_secs(60));
     assert_eq!(s.sync.interval, Duration::from_secs(1));
     assert_eq!(s.sync.interval_cap, Duration::from_secs(10));
