@@ -63,6 +63,13 @@ impl ConnectParams {
             Bytes::from_static(b"agentidentifiers"),
             Bytes::from(self.agent_identifiers.clone()),
         );
+        if self.settings.flow_control {
+            // konn's extension; a Go server ignores unknown metadata.
+            md.push(
+                Bytes::from_static(crate::conn::FLOW_CONTROL_KEY.as_bytes()),
+                Bytes::from_static(b"1"),
+            );
+        }
         if let Some(path) = &self.token_path {
             let token = std::fs::read(path).map_err(Error::Io)?;
             let mut value = b"Bearer ".to_vec();

@@ -12,14 +12,18 @@
 //!                        └──────────────► send_framed on the tunnel stream
 //! ```
 //!
-//! Per-connection flow control (docs/design/tunnel.md):
-//! - tunnel → endpoint: the tunnel's credit is returned as soon as a payload
-//!   is queued for its endpoint; each endpoint's queue is bounded, and an
-//!   endpoint whose destination stops reading is closed ("stuck") — never
-//!   the tunnel;
+//! Per-connection flow control (docs/design/tunnel.md, "Flow control"):
+//! - tunnel → endpoint: the [`Tunnel`] accounts each endpoint's queue and
+//!   says when the tunnel's HTTP/2 credit goes back (at once below the
+//!   flow's limit, as it drains above it), when to send PAUSE/RESUME (konn
+//!   servers that negotiated `konn-flow-control`), and when an endpoint that
+//!   drains nothing is stuck. The writer reports what the destination took;
+//!   reports are batched (added up in the endpoint, handed over before the
+//!   endpoint's next DATA) unless the tunnel waits for them;
 //! - endpoint → tunnel: an endpoint is read only while the tunnel stream's
-//!   send queue is below its high-water mark; readers pause and resume
-//!   together when it drains.
+//!   send queue is below its high-water mark (readers pause and resume
+//!   together when it drains) and while the server has not paused that
+//!   endpoint with PAUSE (it resumes alone on RESUME).
 //!
 //! An idle endpoint holds no buffer: its reader waits for readability
 //! first and takes a pooled buffer only when there is data.
@@ -35,7 +39,7 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use konn_core::io::driver::{ConnHandle, Handler, WeakConnHandle};
 use konn_core::io::notify::{Broadcast, Notify};
 use konn_core::io::pool::BufPool;
@@ -47,35 +51,50 @@ use konn_core::proto::h2::Headers;
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{self, MAX_DATA_PAYLOAD, Packet, PacketType};
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, Splitable};
 use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
+use std::time::Instant;
 
 use crate::tunnel::{Action, DialFailure, Tunnel, TunnelConfig};
 
 /// Room in front of a read for the gRPC prefix and the DATA packet header.
 const HEADROOM: usize = 32;
 
+/// The request metadata key (and response header) of konn's flow-control
+/// extension; its value is `1`. A Go peer ignores it.
+pub const FLOW_CONTROL_KEY: &str = "konn-flow-control";
+
 /// Tunnel settings.
 #[derive(Clone, Debug)]
 pub struct TunnelSettings {
     /// Timeout of one destination dial (upstream: 5 s).
     pub dial_timeout: Duration,
-    /// Payloads queued per endpoint before it counts as stuck
-    /// (`--xfr-channel-size`).
+    /// `--xfr-channel-size`: the payload count at which
+    /// `--warn-on-channel-limit` logs. Queues are bounded in bytes
+    /// (`tunnel.flow`), never closed for being long.
     pub endpoint_queue: usize,
-    /// An endpoint whose destination accepts nothing for this long is
-    /// closed.
-    pub stuck_timeout: Duration,
     /// Endpoints stop being read while the tunnel stream has this many
     /// bytes queued…
     pub tunnel_high_water: usize,
     /// …and resume when it is down to this many.
     pub tunnel_low_water: usize,
-    /// The state machine's limits.
+    /// The state machine's limits, the per-endpoint flow-control marks and
+    /// the stuck timeout (`--conn-queue-size`, `--stuck-timeout`).
     pub tunnel: TunnelConfig,
     /// `--warn-on-channel-limit`: log (at debug level, upstream's V(2))
     /// when an endpoint's queue reaches `endpoint_queue` payloads.
     pub warn_on_queue_limit: bool,
+    /// Offer konn's flow-control extension on the Connect call (metadata
+    /// `konn-flow-control: 1`); it is used only if the server answers with
+    /// the same response header.
+    pub flow_control: bool,
+}
+
+impl TunnelSettings {
+    /// The stuck timeout (`--stuck-timeout`).
+    pub fn stuck_timeout(&self) -> Duration {
+        self.tunnel.flow.stuck_timeout
+    }
 }
 
 impl Default for TunnelSettings {
@@ -83,11 +102,11 @@ impl Default for TunnelSettings {
         Self {
             dial_timeout: Duration::from_secs(5),
             endpoint_queue: 150,
-            stuck_timeout: Duration::from_secs(30),
             tunnel_high_water: 1 << 20,
             tunnel_low_water: 256 << 10,
             tunnel: TunnelConfig::default(),
             warn_on_queue_limit: false,
+            flow_control: true,
         }
     }
 }
@@ -184,6 +203,16 @@ struct Endpoint {
     /// Drop everything now (stuck).
     abort: Notify,
     aborted: Cell<bool>,
+    /// The server paused reading of this endpoint (PAUSE).
+    read_paused: Cell<bool>,
+    /// Wakes a paused reader (RESUME).
+    resume: Notify,
+    /// Bytes written to the destination and not yet reported to the
+    /// tunnel, and when the last of them went.
+    drained: Cell<usize>,
+    drained_at: Cell<Option<Instant>>,
+    /// The tunnel waits for drain reports: report every write at once.
+    urgent: Cell<bool>,
     /// Reports the endpoint closed when the last task drops it.
     _open: EndpointGuard,
 }
@@ -200,6 +229,24 @@ impl Endpoint {
         self.queue.borrow_mut().clear();
         self.close();
         self.abort.notify();
+    }
+
+    fn new(connect_id: i64, observer: Rc<dyn TunnelObserver>) -> Self {
+        Self {
+            connect_id,
+            queue: RefCell::new(VecDeque::new()),
+            wake_writer: Notify::new(),
+            closing: Cell::new(false),
+            stop_reader: Notify::new(),
+            abort: Notify::new(),
+            aborted: Cell::new(false),
+            read_paused: Cell::new(false),
+            resume: Notify::new(),
+            drained: Cell::new(0),
+            drained_at: Cell::new(None),
+            urgent: Cell::new(false),
+            _open: EndpointGuard::new(observer),
+        }
     }
 }
 
@@ -303,22 +350,28 @@ impl TunnelHandler {
         while let Some(action) = self.tunnel.poll_action() {
             match action {
                 Action::ToServer(p) => {
+                    match p {
+                        Packet::Pause { connect_id } => tracing::debug!(
+                            connection_id = connect_id,
+                            "endpoint queue above its high-water mark; sending PAUSE"
+                        ),
+                        Packet::Resume { connect_id } => tracing::debug!(
+                            connection_id = connect_id,
+                            "endpoint queue drained; sending RESUME"
+                        ),
+                        _ => {}
+                    }
                     self.ctx.observer.sent(p.ty());
                     let mut b = BytesMut::with_capacity(p.encoded_len() + 5);
                     p.encode_grpc(&mut b);
                     let _ = grpc.send_framed(self.ctx.stream.get(), b.freeze());
                 }
+                Action::Release(n) => grpc.release(self.ctx.stream.get(), n),
                 Action::Write { connect_id, data } => {
                     let Some(ep) = self.endpoints.get(&connect_id) else {
                         continue;
                     };
                     let mut q = ep.queue.borrow_mut();
-                    if q.len() >= 4 * self.ctx.settings.endpoint_queue {
-                        // Far over its bound: the destination is not reading.
-                        drop(q);
-                        self.tunnel.endpoint_stuck(connect_id);
-                        continue;
-                    }
                     q.push_back(data);
                     let at_limit = q.len() == self.ctx.settings.endpoint_queue;
                     drop(q);
@@ -333,6 +386,28 @@ impl TunnelHandler {
                 Action::Close { connect_id } => {
                     if let Some(ep) = self.endpoints.remove(&connect_id) {
                         ep.close();
+                    }
+                }
+                Action::Abort { connect_id } => {
+                    if let Some(ep) = self.endpoints.remove(&connect_id) {
+                        tracing::info!(
+                            connection_id = connect_id,
+                            "destination stopped reading; closing its connection"
+                        );
+                        ep.abort();
+                    }
+                }
+                Action::PauseRead { connect_id } => {
+                    if let Some(ep) = self.endpoints.get(&connect_id) {
+                        tracing::debug!(connection_id = connect_id, "PAUSE: endpoint not read");
+                        ep.read_paused.set(true);
+                    }
+                }
+                Action::ResumeRead { connect_id } => {
+                    if let Some(ep) = self.endpoints.get(&connect_id) {
+                        tracing::debug!(connection_id = connect_id, "RESUME: endpoint read again");
+                        ep.read_paused.set(false);
+                        ep.resume.notify();
                     }
                 }
                 Action::Dial {
@@ -363,12 +438,35 @@ impl TunnelHandler {
         }
     }
 
+    /// Hand what the writer of `ep` drained to the tunnel, and tell the
+    /// writer whether the tunnel waits for its next reports.
+    fn report_drained(&mut self, ep: &Endpoint) {
+        let n = ep.drained.replace(0);
+        if n > 0
+            && let Some(at) = ep.drained_at.get()
+        {
+            self.tunnel.endpoint_drained(ep.connect_id, n, at);
+        }
+        ep.urgent.set(self.tunnel.waits_for_drain(ep.connect_id));
+    }
+
+    /// Close stuck endpoints (a writer saw no progress for the stuck
+    /// timeout).
+    fn check_stuck(&mut self, grpc: &mut Grpc) {
+        let eps: Vec<Rc<Endpoint>> = self.endpoints.values().cloned().collect();
+        for ep in eps {
+            self.report_drained(&ep);
+        }
+        self.tunnel.handle_timeout(konn_core::io::clock::now());
+        self.apply(grpc);
+    }
+
     /// Close every endpoint and abandon every dial (the tunnel is gone).
-    fn shut_everything(&mut self) {
+    fn shut_everything(&mut self, grpc: &mut Grpc) {
         self.tunnel.tunnel_gone();
         while let Some(a) = self.tunnel.poll_action() {
             match a {
-                Action::Close { connect_id } => {
+                Action::Close { connect_id } | Action::Abort { connect_id } => {
                     if let Some(ep) = self.endpoints.remove(&connect_id) {
                         ep.close();
                     }
@@ -378,6 +476,7 @@ impl TunnelHandler {
                         c.notify();
                     }
                 }
+                Action::Release(n) => grpc.release(self.ctx.stream.get(), n),
                 _ => {}
             }
         }
@@ -405,6 +504,12 @@ impl Handler<Grpc> for TunnelHandler {
                 match parsed {
                     Some((server_id, server_count)) => {
                         self.connected = true;
+                        let agreed = self.ctx.settings.flow_control
+                            && metadata
+                                .get(FLOW_CONTROL_KEY.as_bytes())
+                                .is_some_and(|v| v == "1");
+                        self.tunnel.set_flow_control(agreed);
+                        tracing::debug!(flow_control = agreed, "tunnel accepted by the server");
                         (self.report)(TunnelEvent::Connected {
                             server_id,
                             server_count,
@@ -422,20 +527,32 @@ impl Handler<Grpc> for TunnelHandler {
                     }
                 }
             }
-            GrpcEvent::Message { id, msg, flow, .. } => {
-                match Packet::decode(&msg) {
-                    Ok(p) => {
-                        self.ctx.observer.received(p.ty());
-                        self.tunnel.server_packet(p);
-                        self.apply(grpc);
+            GrpcEvent::Message { id, msg, flow, .. } => match Packet::decode(&msg) {
+                Ok(p) => {
+                    self.ctx.observer.received(p.ty());
+                    // The endpoint's batched drain reports go first, so the
+                    // tunnel judges its queue as it is now.
+                    let ep = match &p {
+                        Packet::Data { connect_id, .. } => self.endpoints.get(connect_id).cloned(),
+                        _ => None,
+                    };
+                    if let Some(ep) = &ep {
+                        self.report_drained(ep);
                     }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "ignoring an undecodable packet from the server")
+                    // The tunnel says when the credit goes back
+                    // (Action::Release).
+                    self.tunnel
+                        .server_packet(konn_core::io::clock::now(), p, flow);
+                    self.apply(grpc);
+                    if let Some(ep) = ep {
+                        ep.urgent.set(self.tunnel.waits_for_drain(ep.connect_id));
                     }
                 }
-                // The tunnel's credit never waits for an endpoint.
-                grpc.release(id, flow);
-            }
+                Err(e) => {
+                    tracing::debug!(error = %e, "ignoring an undecodable packet from the server");
+                    grpc.release(id, flow);
+                }
+            },
             GrpcEvent::Writable { .. } => self.ctx.writable.notify_all(),
             GrpcEvent::Finished {
                 status, message, ..
@@ -446,18 +563,18 @@ impl Handler<Grpc> for TunnelHandler {
                     self.ctx.observer.stream_error(status);
                     tracing::info!(%status, %message, "tunnel closed by the server");
                 }
-                self.shut_everything();
+                self.shut_everything(grpc);
                 grpc.conn_mut().shutdown();
             }
             GrpcEvent::GoAway { .. } | GrpcEvent::Call { .. } | GrpcEvent::HalfClose { .. } => {}
         }
     }
 
-    fn on_close(&mut self, _grpc: &mut Grpc, error: Option<&konn_core::Error>) {
+    fn on_close(&mut self, grpc: &mut Grpc, error: Option<&konn_core::Error>) {
         if let Some(e) = error {
             tracing::info!(error = %e, "tunnel connection ended");
         }
-        self.shut_everything();
+        self.shut_everything(grpc);
         self.dials.clear();
         (self.report)(TunnelEvent::Closed);
     }
@@ -491,16 +608,7 @@ async fn dial(
                 }
                 ctx.observer
                     .dial_succeeded(konn_core::io::clock::now().saturating_duration_since(started));
-                let ep = Rc::new(Endpoint {
-                    connect_id,
-                    queue: RefCell::new(VecDeque::new()),
-                    wake_writer: Notify::new(),
-                    closing: Cell::new(false),
-                    stop_reader: Notify::new(),
-                    abort: Notify::new(),
-                    aborted: Cell::new(false),
-                    _open: EndpointGuard::new(ctx.observer.clone()),
-                });
+                let ep = Rc::new(Endpoint::new(connect_id, ctx.observer.clone()));
                 h.endpoints.insert(connect_id, ep.clone());
                 // DIAL_RSP is queued before any DATA the reader produces.
                 h.apply(g);
@@ -533,6 +641,11 @@ async fn read_endpoint(
     loop {
         if ep.closing.get() {
             return;
+        }
+        // Paused by the server (PAUSE) until RESUME.
+        if ep.read_paused.get() {
+            race(ep.resume.notified(), ep.stop_reader.notified()).await;
+            continue;
         }
         let Some(handle) = me.upgrade() else { return };
         // Pause while the tunnel is backed up.
@@ -587,42 +700,70 @@ async fn read_endpoint(
     }
 }
 
-/// Tunnel → destination.
+/// Tunnel → destination. Every write's progress goes to the tunnel (see
+/// the module docs); a write that makes no progress for the stuck timeout
+/// asks the tunnel whether the endpoint is stuck.
 async fn write_endpoint(
     me: WeakConnHandle<Grpc, TunnelHandler>,
     ctx: Rc<Ctx>,
     ep: Rc<Endpoint>,
     mut wr: TcpOwnedWriteHalf,
 ) {
-    loop {
+    let stuck_timeout = ctx.settings.stuck_timeout();
+    'queue: loop {
         let next = ep.queue.borrow_mut().pop_front();
-        let Some(data) = next else {
+        let Some(mut data) = next else {
             if ep.closing.get() {
                 break;
             }
             ep.wake_writer.notified().await;
             continue;
         };
-        let write = monoio::time::timeout(ctx.settings.stuck_timeout, wr.write_all(data));
-        let outcome = match race(write, ep.abort.notified()).await {
-            Either::Right(()) => break,
-            Either::Left(Err(_elapsed)) => Some(true),
-            Either::Left(Ok((Err(_), _))) => Some(false),
-            Either::Left(Ok((Ok(_), _))) => None,
-        };
-        if let Some(stuck) = outcome {
-            if let Some(h) = me.upgrade() {
-                let _ = h.with(|g, t| {
-                    if stuck {
-                        t.tunnel.endpoint_stuck(ep.connect_id);
-                    } else {
-                        t.tunnel.endpoint_closed(ep.connect_id);
+        while !data.is_empty() {
+            let mut write = std::pin::pin!(wr.write(data.clone()));
+            let written = loop {
+                let wait = race(ep.abort.notified(), monoio::time::sleep(stuck_timeout));
+                match race(write.as_mut(), wait).await {
+                    Either::Left((r, _)) => break r,
+                    Either::Right(Either::Left(())) => break 'queue,
+                    Either::Right(Either::Right(())) => {
+                        // Nothing written for the stuck timeout: the
+                        // tunnel decides (and aborts the endpoint if so).
+                        if let Some(h) = me.upgrade() {
+                            let _ = h.with(|g, t| t.check_stuck(g));
+                        }
+                        if ep.aborted.get() {
+                            break 'queue;
+                        }
                     }
-                    t.apply(g);
-                });
+                }
+            };
+            match written {
+                Ok(n) if n > 0 => {
+                    data.advance(n);
+                    ep.drained.set(ep.drained.get() + n);
+                    ep.drained_at.set(Some(konn_core::io::clock::now()));
+                    if ep.urgent.get()
+                        && let Some(h) = me.upgrade()
+                    {
+                        let _ = h.with(|g, t| {
+                            t.report_drained(&ep);
+                            t.apply(g);
+                        });
+                    }
+                }
+                _ => {
+                    // The destination is gone: tell the server.
+                    if let Some(h) = me.upgrade() {
+                        let _ = h.with(|g, t| {
+                            t.tunnel.endpoint_closed(ep.connect_id);
+                            t.apply(g);
+                        });
+                    }
+                    ep.abort();
+                    break 'queue;
+                }
             }
-            ep.abort();
-            break;
         }
     }
     if !ep.aborted.get() {

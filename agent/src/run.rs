@@ -61,6 +61,7 @@ use konn_core::io::pool::BufPool;
 use konn_core::io::runtime::{Either, Engine, RuntimeConfig, StopToken, WorkerCtx, Workers, race};
 use konn_core::io::tls::{ClientTlsOptions, PemSource};
 use konn_core::io::xcore::MeshSender;
+use konn_core::proto::flow::FlowLimits;
 use konn_core::proto::h2;
 use konn_frames::GrpcStatus;
 use konn_frames::packet::PacketType;
@@ -72,6 +73,7 @@ use crate::metrics::{AgentCoreMetrics, AgentMetrics, DialFailureReason, Directio
 use crate::options::AgentOptions;
 use crate::sync::{Admission, Outcome, Rng, Round, ServerSet, SyncConfig, TunnelId};
 use crate::tunnel::DialFailure;
+use crate::tunnel::TunnelConfig;
 
 /// Timeout of one destination dial (upstream's `dialTimeout`).
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -221,7 +223,17 @@ impl AgentSettings {
         let settings = TunnelSettings {
             dial_timeout: DIAL_TIMEOUT,
             endpoint_queue: o.xfr_channel_size,
-            stuck_timeout: e.stuck_timeout.unwrap_or(NEVER),
+            // What a server's PAUSE may still find queued here for one
+            // flow (docs/design/tunnel.md, "Choosing the marks").
+            tunnel_high_water: e.conn_queue_size,
+            tunnel_low_water: e.conn_queue_size / 4,
+            tunnel: TunnelConfig {
+                flow: FlowLimits::from_queue_size(
+                    e.conn_queue_size,
+                    e.stuck_timeout.unwrap_or(NEVER),
+                ),
+                ..TunnelConfig::default()
+            },
             warn_on_queue_limit: o.warn_on_channel_limit,
             ..TunnelSettings::default()
         };

@@ -8,16 +8,31 @@
 //! CLOSE_RSP after the queued data went out, unknown ids answered with
 //! CLOSE_RSP errors. konn additionally honours DIAL_CLS (the dial is
 //! cancelled and its socket never used), accepts only `tcp` dials, bounds
-//! the number of endpoints, and closes an endpoint whose destination stops
-//! reading ("stuck") instead of stalling the tunnel.
+//! the number of endpoints, and flow-controls each endpoint:
 //!
-//! The IO layer performs the [`Action`]s: dialling with a timeout, writing
-//! payloads to endpoints, reading endpoints into DATA packets (it encodes
-//! those itself on the hot path), closing sockets.
+//! - every message's tunnel credit comes back as an [`Action::Release`];
+//!   for DATA to an endpoint whose queue is over its limit it is held back
+//!   until the queue drains ([`Tunnel::endpoint_drained`]), which bounds the
+//!   queue without closing a slow-but-healthy connection;
+//! - with konn's flow-control extension negotiated
+//!   ([`Tunnel::set_flow_control`]), an endpoint whose queue goes above its
+//!   high-water mark sends PAUSE to the server and RESUME once it is back
+//!   at the low-water mark; PAUSE/RESUME from the server stop and restart
+//!   reading of that endpoint's destination ([`Action::PauseRead`]);
+//! - an endpoint whose queue drains nothing for the stuck timeout is closed
+//!   with [`STUCK`] ([`Tunnel::handle_timeout`]) and its credit returned.
+//!
+//! The per-endpoint accounting is [`konn_core::proto::flow::FlowRx`]
+//! (docs/design/tunnel.md, "Flow control"). The IO layer performs the
+//! [`Action`]s: dialling with a timeout, writing payloads to endpoints,
+//! reading endpoints into DATA packets (it encodes those itself on the hot
+//! path), closing sockets, returning credit.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use bytes::Bytes;
+use konn_core::proto::flow::{FlowLimits, FlowRx, Signal, Step};
 use konn_frames::packet::{ByteStr, Packet};
 
 /// Upstream's answer to DATA for an unknown connectID.
@@ -66,7 +81,8 @@ pub enum Action {
         /// The endpoint.
         connect_id: i64,
     },
-    /// Write a payload to an endpoint (queued per endpoint).
+    /// Write a payload to an endpoint (queued per endpoint); report what
+    /// the destination took with [`Tunnel::endpoint_drained`].
     Write {
         /// The endpoint.
         connect_id: i64,
@@ -74,8 +90,27 @@ pub enum Action {
         data: Bytes,
     },
     /// Close an endpoint: stop reading it, flush what is queued for it
-    /// (bounded by the write timeout), then close the socket.
+    /// (bounded by the write timeout), then close the socket. An endpoint
+    /// closed as stuck has its queue dropped instead.
     Close {
+        /// The endpoint.
+        connect_id: i64,
+    },
+    /// Close an endpoint whose destination stopped reading: drop what is
+    /// queued for it and close the socket now.
+    Abort {
+        /// The endpoint.
+        connect_id: i64,
+    },
+    /// Return this much of the tunnel stream's HTTP/2 credit to the server.
+    Release(usize),
+    /// Stop reading the endpoint's destination (PAUSE from the server).
+    PauseRead {
+        /// The endpoint.
+        connect_id: i64,
+    },
+    /// Read the endpoint's destination again (RESUME from the server).
+    ResumeRead {
         /// The endpoint.
         connect_id: i64,
     },
@@ -85,10 +120,19 @@ pub enum Action {
     DialSucceeded,
 }
 
+/// An open endpoint's flow-control state.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Flow {
+    /// Server → destination: the endpoint's queue.
+    rx: FlowRx,
+    /// Destination → server: reading paused by the server's PAUSE.
+    read_paused: bool,
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Endpoint {
     Dialing { random: i64 },
-    Open,
+    Open(Flow),
 }
 
 /// Tunnel settings.
@@ -96,12 +140,15 @@ enum Endpoint {
 pub struct TunnelConfig {
     /// Endpoints (open or dialling) one tunnel may have.
     pub max_endpoints: usize,
+    /// Each endpoint's queue marks and stuck timeout.
+    pub flow: FlowLimits,
 }
 
 impl Default for TunnelConfig {
     fn default() -> Self {
         Self {
             max_endpoints: 16 * 1024,
+            flow: FlowLimits::default(),
         }
     }
 }
@@ -114,6 +161,8 @@ pub struct Tunnel {
     endpoints: HashMap<i64, Endpoint>,
     actions: std::collections::VecDeque<Action>,
     draining: bool,
+    /// Both sides negotiated PAUSE/RESUME.
+    flow_control: bool,
 }
 
 impl Tunnel {
@@ -125,7 +174,19 @@ impl Tunnel {
             endpoints: HashMap::new(),
             actions: std::collections::VecDeque::new(),
             draining: false,
+            flow_control: false,
         }
+    }
+
+    /// The server answered the agent's `konn-flow-control` offer: PAUSE
+    /// and RESUME may be sent and are honoured from now on.
+    pub fn set_flow_control(&mut self, on: bool) {
+        self.flow_control = on;
+    }
+
+    /// Whether PAUSE/RESUME were negotiated.
+    pub fn flow_control(&self) -> bool {
+        self.flow_control
     }
 
     /// The next action.
@@ -137,7 +198,7 @@ impl Tunnel {
     pub fn open_endpoints(&self) -> usize {
         self.endpoints
             .values()
-            .filter(|e| **e == Endpoint::Open)
+            .filter(|e| matches!(e, Endpoint::Open(_)))
             .count()
     }
 
@@ -148,11 +209,32 @@ impl Tunnel {
 
     /// Whether `connect_id` is an open endpoint.
     pub fn is_open(&self, connect_id: i64) -> bool {
-        self.endpoints.get(&connect_id) == Some(&Endpoint::Open)
+        matches!(self.endpoints.get(&connect_id), Some(Endpoint::Open(_)))
     }
 
-    /// A packet from the server.
-    pub fn server_packet(&mut self, packet: Packet) {
+    /// Bytes queued for an open endpoint, as counted here.
+    pub fn queued(&self, connect_id: i64) -> Option<usize> {
+        self.flow(connect_id).map(|f| f.rx.queued())
+    }
+
+    /// Whether the endpoint waits for drain reports (a RESUME to send or
+    /// credit to return): the IO layer must then report every write at
+    /// once; otherwise it may batch them until the next DATA for it.
+    pub fn waits_for_drain(&self, connect_id: i64) -> bool {
+        self.flow(connect_id)
+            .is_some_and(|f| f.rx.waits_for_drain())
+    }
+
+    fn flow(&self, connect_id: i64) -> Option<&Flow> {
+        match self.endpoints.get(&connect_id) {
+            Some(Endpoint::Open(f)) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// A packet from the server that arrived at `now` carrying `credit`
+    /// bytes of the tunnel stream's HTTP/2 credit.
+    pub fn server_packet(&mut self, now: Instant, packet: Packet, credit: usize) {
         match packet {
             Packet::DialReq {
                 protocol,
@@ -161,13 +243,27 @@ impl Tunnel {
             } => self.dial_req(&protocol, address, random),
             Packet::Data {
                 connect_id, data, ..
-            } => match self.endpoints.get(&connect_id) {
-                Some(Endpoint::Open) => self.actions.push_back(Action::Write { connect_id, data }),
-                _ => self.close_rsp(connect_id, UNRECOGNIZED_CONNECT_ID),
-            },
+            } => {
+                let may_pause = self.flow_control;
+                let lim = self.cfg.flow;
+                if let Some(Endpoint::Open(f)) = self.endpoints.get_mut(&connect_id) {
+                    let step = f.rx.push(data.len(), credit, &lim, may_pause, now);
+                    if f.rx.is_stuck(&lim, now) {
+                        // Over the memory cap, or nothing drained for the
+                        // stuck timeout: this payload is not queued.
+                        self.release(step.release);
+                        self.endpoint_stuck(connect_id);
+                        return;
+                    }
+                    self.actions.push_back(Action::Write { connect_id, data });
+                    self.step(connect_id, step);
+                    return;
+                }
+                self.close_rsp(connect_id, UNRECOGNIZED_CONNECT_ID);
+            }
             Packet::CloseReq { connect_id } => match self.endpoints.get(&connect_id) {
-                Some(Endpoint::Open) => {
-                    self.endpoints.remove(&connect_id);
+                Some(Endpoint::Open(_)) => {
+                    self.remove_open(connect_id);
                     self.actions.push_back(Action::Close { connect_id });
                     self.close_rsp(connect_id, "");
                 }
@@ -185,9 +281,103 @@ impl Tunnel {
                     self.actions.push_back(Action::CancelDial { connect_id });
                 }
             }
-            // Not for an agent; upstream ignores them.
-            Packet::DialRsp { .. } | Packet::CloseRsp { .. } | Packet::Drain => {}
+            // konn's extension, only from a server that negotiated it; a
+            // flow closed meanwhile is ignored.
+            Packet::Pause { connect_id } if self.flow_control => {
+                if let Some(Endpoint::Open(f)) = self.endpoints.get_mut(&connect_id)
+                    && !f.read_paused
+                {
+                    f.read_paused = true;
+                    self.actions.push_back(Action::PauseRead { connect_id });
+                }
+            }
+            Packet::Resume { connect_id } if self.flow_control => {
+                if let Some(Endpoint::Open(f)) = self.endpoints.get_mut(&connect_id)
+                    && f.read_paused
+                {
+                    f.read_paused = false;
+                    self.actions.push_back(Action::ResumeRead { connect_id });
+                }
+            }
+            // Not for an agent, or not negotiated: ignored, as upstream
+            // ignores packets it does not expect.
+            Packet::DialRsp { .. }
+            | Packet::CloseRsp { .. }
+            | Packet::Drain
+            | Packet::Pause { .. }
+            | Packet::Resume { .. } => {}
         }
+        // Everything but DATA to an open endpoint is done with.
+        self.release(credit);
+    }
+
+    /// `n` bytes queued for `connect_id` were written to its destination
+    /// at `at` (the IO layer may add up several writes).
+    pub fn endpoint_drained(&mut self, connect_id: i64, n: usize, at: Instant) {
+        let lim = self.cfg.flow;
+        if let Some(Endpoint::Open(f)) = self.endpoints.get_mut(&connect_id) {
+            let step = f.rx.drain(n, &lim, at);
+            self.step(connect_id, step);
+        }
+    }
+
+    /// The earliest moment an endpoint may become stuck.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let lim = &self.cfg.flow;
+        self.endpoints
+            .values()
+            .filter_map(|e| match e {
+                Endpoint::Open(f) => f.rx.deadline(lim),
+                Endpoint::Dialing { .. } => None,
+            })
+            .min()
+    }
+
+    /// Close every endpoint that is stuck at `now` (nothing drained from a
+    /// non-empty queue for the stuck timeout).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let lim = self.cfg.flow;
+        let mut stuck: Vec<i64> = self
+            .endpoints
+            .iter()
+            .filter(|(_, e)| matches!(e, Endpoint::Open(f) if f.rx.is_stuck(&lim, now)))
+            .map(|(c, _)| *c)
+            .collect();
+        stuck.sort_unstable();
+        for connect_id in stuck {
+            self.endpoint_stuck(connect_id);
+        }
+    }
+
+    fn step(&mut self, connect_id: i64, step: Step) {
+        self.release(step.release);
+        match step.signal {
+            Some(Signal::Pause) => self
+                .actions
+                .push_back(Action::ToServer(Packet::Pause { connect_id })),
+            Some(Signal::Resume) => self
+                .actions
+                .push_back(Action::ToServer(Packet::Resume { connect_id })),
+            None => {}
+        }
+    }
+
+    fn release(&mut self, credit: usize) {
+        if credit > 0 {
+            self.actions.push_back(Action::Release(credit));
+        }
+    }
+
+    /// Forget an open endpoint and return the credit it held back.
+    fn remove_open(&mut self, connect_id: i64) -> bool {
+        if !self.is_open(connect_id) {
+            return false;
+        }
+        if let Some(Endpoint::Open(mut f)) = self.endpoints.remove(&connect_id) {
+            let withheld = f.rx.close();
+            self.release(withheld);
+        }
+        true
     }
 
     fn dial_req(&mut self, protocol: &str, address: ByteStr, random: i64) {
@@ -230,7 +420,8 @@ impl Tunnel {
             return false;
         };
         let random = *random;
-        self.endpoints.insert(connect_id, Endpoint::Open);
+        self.endpoints
+            .insert(connect_id, Endpoint::Open(Flow::default()));
         self.actions.push_back(Action::DialSucceeded);
         self.actions.push_back(Action::ToServer(Packet::DialRsp {
             error: ByteStr::new(),
@@ -243,9 +434,10 @@ impl Tunnel {
     /// The dial of `connect_id` failed with Go-compatible error text (e.g.
     /// `dial tcp 10.0.0.5:1: connect: connection refused`).
     pub fn dial_failed(&mut self, connect_id: i64, error: String, why: DialFailure) {
-        let Some(Endpoint::Dialing { random }) = self.endpoints.remove(&connect_id) else {
+        let Some(&Endpoint::Dialing { random }) = self.endpoints.get(&connect_id) else {
             return;
         };
+        self.endpoints.remove(&connect_id);
         self.actions.push_back(Action::DialFailed(why));
         self.actions.push_back(Action::ToServer(Packet::DialRsp {
             error: ByteStr::from(error),
@@ -257,16 +449,17 @@ impl Tunnel {
     /// The destination closed (EOF or error) and everything read from it
     /// has been sent: tell the server (upstream sends CLOSE_RSP).
     pub fn endpoint_closed(&mut self, connect_id: i64) {
-        if self.endpoints.remove(&connect_id).is_some() {
+        if self.remove_open(connect_id) {
             self.actions.push_back(Action::Close { connect_id });
             self.close_rsp(connect_id, "");
         }
     }
 
-    /// The destination stopped reading for too long: close it with an error.
+    /// The destination stopped reading for too long: close it with an
+    /// error and return the credit its queue held back.
     pub fn endpoint_stuck(&mut self, connect_id: i64) {
-        if self.endpoints.remove(&connect_id).is_some() {
-            self.actions.push_back(Action::Close { connect_id });
+        if self.remove_open(connect_id) {
+            self.actions.push_back(Action::Abort { connect_id });
             self.close_rsp(connect_id, STUCK);
         }
     }
@@ -283,7 +476,7 @@ impl Tunnel {
         let mut ids: Vec<(i64, bool)> = self
             .endpoints
             .drain()
-            .map(|(c, e)| (c, e == Endpoint::Open))
+            .map(|(c, e)| (c, matches!(e, Endpoint::Open(_))))
             .collect();
         ids.sort_unstable();
         for (connect_id, open) in ids {
@@ -311,6 +504,12 @@ impl Tunnel {
 mod tests {
     use super::*;
 
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        #[allow(clippy::disallowed_methods)] // the simulated clock's origin
+        *T0.get_or_init(Instant::now)
+    }
+
     fn actions(t: &mut Tunnel) -> Vec<Action> {
         std::iter::from_fn(|| t.poll_action()).collect()
     }
@@ -333,7 +532,7 @@ mod tests {
     #[test]
     fn dial_data_close() {
         let mut t = Tunnel::new(TunnelConfig::default());
-        t.server_packet(dial_req("tcp", 42));
+        t.server_packet(t0(), dial_req("tcp", 42), 0);
         assert_eq!(
             actions(&mut t),
             vec![Action::Dial {
@@ -353,11 +552,15 @@ mod tests {
                 })
             ]
         );
-        t.server_packet(Packet::Data {
-            connect_id: 1,
-            error: ByteStr::new(),
-            data: Bytes::from_static(b"x"),
-        });
+        t.server_packet(
+            t0(),
+            Packet::Data {
+                connect_id: 1,
+                error: ByteStr::new(),
+                data: Bytes::from_static(b"x"),
+            },
+            0,
+        );
         assert_eq!(
             actions(&mut t),
             vec![Action::Write {
@@ -365,7 +568,7 @@ mod tests {
                 data: Bytes::from_static(b"x")
             }]
         );
-        t.server_packet(Packet::CloseReq { connect_id: 1 });
+        t.server_packet(t0(), Packet::CloseReq { connect_id: 1 }, 0);
         assert_eq!(
             actions(&mut t),
             vec![Action::Close { connect_id: 1 }, close_rsp(1, "")]
@@ -376,13 +579,13 @@ mod tests {
     #[test]
     fn connect_ids_are_unique_and_nonzero_even_after_failures() {
         let mut t = Tunnel::new(TunnelConfig::default());
-        t.server_packet(dial_req("tcp", 1));
+        t.server_packet(t0(), dial_req("tcp", 1), 0);
         t.dial_failed(
             1,
             "dial tcp 10.0.0.5:1: connect: connection refused".into(),
             DialFailure::Unknown,
         );
-        t.server_packet(dial_req("tcp", 2));
+        t.server_packet(t0(), dial_req("tcp", 2), 0);
         let acts = actions(&mut t);
         assert!(acts.contains(&Action::ToServer(Packet::DialRsp {
             error: ByteStr::from_static("dial tcp 10.0.0.5:1: connect: connection refused"),
@@ -399,11 +602,15 @@ mod tests {
     fn only_tcp_is_dialled() {
         let mut t = Tunnel::new(TunnelConfig::default());
         for p in ["udp", "unix", "", "TCP"] {
-            t.server_packet(Packet::DialReq {
-                protocol: ByteStr::from(p.to_owned()),
-                address: ByteStr::from_static("/var/run/docker.sock"),
-                random: 9,
-            });
+            t.server_packet(
+                t0(),
+                Packet::DialReq {
+                    protocol: ByteStr::from(p.to_owned()),
+                    address: ByteStr::from_static("/var/run/docker.sock"),
+                    random: 9,
+                },
+                0,
+            );
             let acts = actions(&mut t);
             assert!(
                 !acts.iter().any(|a| matches!(a, Action::Dial { .. })),
@@ -418,12 +625,16 @@ mod tests {
     #[test]
     fn unknown_ids_are_answered_like_upstream() {
         let mut t = Tunnel::new(TunnelConfig::default());
-        t.server_packet(Packet::Data {
-            connect_id: 5,
-            error: ByteStr::new(),
-            data: Bytes::new(),
-        });
-        t.server_packet(Packet::CloseReq { connect_id: 6 });
+        t.server_packet(
+            t0(),
+            Packet::Data {
+                connect_id: 5,
+                error: ByteStr::new(),
+                data: Bytes::new(),
+            },
+            0,
+        );
+        t.server_packet(t0(), Packet::CloseReq { connect_id: 6 }, 0);
         assert_eq!(
             actions(&mut t),
             vec![
@@ -436,9 +647,9 @@ mod tests {
     #[test]
     fn dial_cls_cancels_a_pending_dial() {
         let mut t = Tunnel::new(TunnelConfig::default());
-        t.server_packet(dial_req("tcp", 42));
+        t.server_packet(t0(), dial_req("tcp", 42), 0);
         actions(&mut t);
-        t.server_packet(Packet::DialCls { random: 42 });
+        t.server_packet(t0(), Packet::DialCls { random: 42 }, 0);
         assert_eq!(actions(&mut t), vec![Action::CancelDial { connect_id: 1 }]);
         assert!(!t.dial_succeeded(1), "a late connect is dropped");
         assert!(
@@ -452,7 +663,7 @@ mod tests {
     fn remote_eof_and_stuck_send_close_rsp() {
         let mut t = Tunnel::new(TunnelConfig::default());
         for r in [1, 2] {
-            t.server_packet(dial_req("tcp", r));
+            t.server_packet(t0(), dial_req("tcp", r), 0);
         }
         t.dial_succeeded(1);
         t.dial_succeeded(2);
@@ -465,7 +676,7 @@ mod tests {
         t.endpoint_stuck(2);
         assert_eq!(
             actions(&mut t),
-            vec![Action::Close { connect_id: 2 }, close_rsp(2, STUCK)]
+            vec![Action::Abort { connect_id: 2 }, close_rsp(2, STUCK)]
         );
         t.endpoint_closed(2);
         assert!(actions(&mut t).is_empty(), "closing twice is harmless");
@@ -474,8 +685,8 @@ mod tests {
     #[test]
     fn tunnel_gone_closes_everything() {
         let mut t = Tunnel::new(TunnelConfig::default());
-        t.server_packet(dial_req("tcp", 1));
-        t.server_packet(dial_req("tcp", 2));
+        t.server_packet(t0(), dial_req("tcp", 1), 0);
+        t.server_packet(t0(), dial_req("tcp", 2), 0);
         t.dial_succeeded(1);
         actions(&mut t);
         t.tunnel_gone();
@@ -491,9 +702,12 @@ mod tests {
 
     #[test]
     fn endpoint_limit() {
-        let mut t = Tunnel::new(TunnelConfig { max_endpoints: 1 });
-        t.server_packet(dial_req("tcp", 1));
-        t.server_packet(dial_req("tcp", 2));
+        let mut t = Tunnel::new(TunnelConfig {
+            max_endpoints: 1,
+            ..TunnelConfig::default()
+        });
+        t.server_packet(t0(), dial_req("tcp", 1), 0);
+        t.server_packet(t0(), dial_req("tcp", 2), 0);
         let acts = actions(&mut t);
         assert_eq!(
             acts.iter()
@@ -509,5 +723,242 @@ mod tests {
         t.drain();
         t.drain();
         assert_eq!(actions(&mut t), vec![Action::ToServer(Packet::Drain)]);
+    }
+
+    // ----- flow control -----
+
+    use std::time::Duration;
+
+    /// Small marks so a few packets cross them: low 100, high 400, limit
+    /// 1000, cap 5000, stuck after 10 s.
+    fn flow_tunnel(negotiated: bool) -> Tunnel {
+        let mut t = Tunnel::new(TunnelConfig {
+            flow: FlowLimits {
+                low: 100,
+                high: 400,
+                limit: 1000,
+                cap: 5000,
+                stuck_timeout: Duration::from_secs(10),
+            },
+            ..TunnelConfig::default()
+        });
+        t.set_flow_control(negotiated);
+        t.server_packet(t0(), dial_req("tcp", 1), 0);
+        assert!(t.dial_succeeded(1));
+        actions(&mut t);
+        t
+    }
+
+    fn at(secs: u64) -> Instant {
+        t0() + Duration::from_secs(secs)
+    }
+
+    /// DATA of `len` bytes for endpoint 1 with `len + 10` bytes of credit.
+    fn data_in(t: &mut Tunnel, now: Instant, len: usize) -> Vec<Action> {
+        t.server_packet(
+            now,
+            Packet::Data {
+                connect_id: 1,
+                error: ByteStr::new(),
+                data: Bytes::from(vec![7u8; len]),
+            },
+            len + 10,
+        );
+        actions(t)
+    }
+
+    fn released(acts: &[Action]) -> usize {
+        acts.iter()
+            .map(|a| match a {
+                Action::Release(n) => *n,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    fn sent(acts: &[Action]) -> Vec<Packet> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::ToServer(p) => Some(p.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pause_at_high_water_resume_at_low_water_once_each() {
+        let mut t = flow_tunnel(true);
+        let acts = data_in(&mut t, at(0), 400);
+        assert!(sent(&acts).is_empty(), "at the mark, not above it");
+        assert_eq!(released(&acts), 410, "credit goes back below the limit");
+        let acts = data_in(&mut t, at(0), 1);
+        assert_eq!(sent(&acts), vec![Packet::Pause { connect_id: 1 }]);
+        assert_eq!(released(&acts), 11);
+        assert!(t.waits_for_drain(1));
+        for _ in 0..3 {
+            let acts = data_in(&mut t, at(1), 100);
+            assert!(sent(&acts).is_empty(), "one PAUSE outstanding at most");
+            assert_eq!(released(&acts), 110, "in-flight data still under the limit");
+        }
+        assert_eq!(t.queued(1), Some(701));
+        t.endpoint_drained(1, 600, at(2));
+        assert!(actions(&mut t).is_empty(), "101 left: above the low mark");
+        t.endpoint_drained(1, 1, at(2));
+        assert_eq!(
+            actions(&mut t),
+            vec![Action::ToServer(Packet::Resume { connect_id: 1 })]
+        );
+        t.endpoint_drained(1, 100, at(2));
+        assert!(actions(&mut t).is_empty(), "one RESUME");
+        assert!(!t.waits_for_drain(1));
+        // And again: hysteresis, not a latch.
+        let acts = data_in(&mut t, at(3), 500);
+        assert_eq!(sent(&acts), vec![Packet::Pause { connect_id: 1 }]);
+    }
+
+    #[test]
+    fn without_negotiation_no_pause_but_credit_withheld_and_released_on_drain() {
+        let mut t = flow_tunnel(false);
+        let acts = data_in(&mut t, at(0), 1000);
+        assert_eq!(released(&acts), 1010);
+        let mut held = 0;
+        for _ in 0..4 {
+            let acts = data_in(&mut t, at(0), 100);
+            assert!(
+                sent(&acts).is_empty(),
+                "never PAUSE to an un-negotiated peer"
+            );
+            assert_eq!(released(&acts), 0, "over the limit: withheld");
+            assert!(
+                acts.iter().any(|a| matches!(a, Action::Write { .. })),
+                "not dropped"
+            );
+            held += 110;
+        }
+        assert!(t.waits_for_drain(1));
+        t.endpoint_drained(1, 400, at(1));
+        assert!(
+            actions(&mut t).is_empty(),
+            "back at the limit, not under it"
+        );
+        t.endpoint_drained(1, 300, at(1));
+        assert_eq!(actions(&mut t), vec![Action::Release(300)]);
+        t.endpoint_drained(1, 700, at(1));
+        assert_eq!(actions(&mut t), vec![Action::Release(held - 300)]);
+        assert!(!t.waits_for_drain(1));
+        assert!(t.is_open(1), "a slow flow is never closed for being slow");
+    }
+
+    #[test]
+    fn stuck_endpoint_is_closed_and_its_credit_returned() {
+        let mut t = flow_tunnel(false);
+        data_in(&mut t, at(0), 1000);
+        let withheld: usize = (0..3)
+            .map(|_| released(&data_in(&mut t, at(1), 100)) + 110)
+            .sum();
+        assert_eq!(t.poll_timeout(), Some(at(10)));
+        t.handle_timeout(at(9));
+        assert!(actions(&mut t).is_empty());
+        // Progress at 9 s restarts the clock.
+        t.endpoint_drained(1, 10, at(9));
+        actions(&mut t);
+        assert_eq!(t.poll_timeout(), Some(at(19)));
+        t.handle_timeout(at(18));
+        assert!(actions(&mut t).is_empty(), "slow is not stuck");
+        t.handle_timeout(at(19));
+        assert_eq!(
+            actions(&mut t),
+            vec![
+                Action::Release(withheld),
+                Action::Abort { connect_id: 1 },
+                close_rsp(1, STUCK)
+            ]
+        );
+        assert!(!t.is_open(1));
+        assert_eq!(t.poll_timeout(), None);
+        // Data still in flight for it is answered, its credit returned.
+        let acts = data_in(&mut t, at(20), 5);
+        assert_eq!(
+            acts,
+            vec![close_rsp(1, UNRECOGNIZED_CONNECT_ID), Action::Release(15)]
+        );
+    }
+
+    #[test]
+    fn a_paused_flow_that_never_drains_is_stuck_too() {
+        let mut t = flow_tunnel(true);
+        let acts = data_in(&mut t, at(0), 500);
+        assert_eq!(sent(&acts), vec![Packet::Pause { connect_id: 1 }]);
+        t.handle_timeout(at(10));
+        let acts = actions(&mut t);
+        assert!(acts.contains(&Action::Abort { connect_id: 1 }));
+        assert!(acts.contains(&close_rsp(1, STUCK)));
+        assert!(!sent(&acts).contains(&Packet::Resume { connect_id: 1 }));
+    }
+
+    #[test]
+    fn over_the_cap_is_closed_at_once() {
+        let mut t = flow_tunnel(false);
+        assert_eq!(released(&data_in(&mut t, at(0), 5000)), 0, "over the limit");
+        let acts = data_in(&mut t, at(0), 1);
+        assert!(!acts.iter().any(|a| matches!(a, Action::Write { .. })));
+        assert!(acts.contains(&Action::Abort { connect_id: 1 }));
+        assert_eq!(released(&acts), 5010 + 11, "all withheld credit comes back");
+    }
+
+    #[test]
+    fn pause_and_resume_from_the_server_stop_and_restart_reading() {
+        let mut t = flow_tunnel(true);
+        let p = |t: &mut Tunnel, p: Packet| {
+            t.server_packet(at(0), p, 7);
+            actions(t)
+        };
+        assert_eq!(
+            p(&mut t, Packet::Pause { connect_id: 1 }),
+            vec![Action::PauseRead { connect_id: 1 }, Action::Release(7)]
+        );
+        assert_eq!(
+            p(&mut t, Packet::Pause { connect_id: 1 }),
+            vec![Action::Release(7)]
+        );
+        assert_eq!(
+            p(&mut t, Packet::Resume { connect_id: 1 }),
+            vec![Action::ResumeRead { connect_id: 1 }, Action::Release(7)]
+        );
+        assert_eq!(
+            p(&mut t, Packet::Resume { connect_id: 1 }),
+            vec![Action::Release(7)]
+        );
+        // A flow that closed meanwhile: ignored.
+        assert_eq!(
+            p(&mut t, Packet::Pause { connect_id: 9 }),
+            vec![Action::Release(7)]
+        );
+        // Not negotiated: an unexpected packet, ignored like upstream's.
+        t.set_flow_control(false);
+        assert_eq!(
+            p(&mut t, Packet::Pause { connect_id: 1 }),
+            vec![Action::Release(7)]
+        );
+    }
+
+    #[test]
+    fn every_message_returns_its_credit() {
+        let mut t = flow_tunnel(true);
+        for p in [
+            dial_req("udp", 5),
+            Packet::CloseRsp {
+                error: ByteStr::new(),
+                connect_id: 1,
+            },
+            Packet::Drain,
+            Packet::DialCls { random: 77 },
+            Packet::CloseReq { connect_id: 42 },
+        ] {
+            t.server_packet(at(0), p, 33);
+            assert_eq!(released(&actions(&mut t)), 33);
+        }
+        t.server_packet(at(0), Packet::CloseReq { connect_id: 1 }, 33);
+        assert_eq!(released(&actions(&mut t)), 33);
     }
 }

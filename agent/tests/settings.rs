@@ -65,7 +65,20 @@ fn defaults_map_like_upstream() {
     assert_eq!(DIAL_TIMEOUT, Duration::from_secs(5));
     assert_eq!(c.settings.endpoint_queue, 150, "--xfr-channel-size");
     assert!(!c.settings.warn_on_queue_limit);
-    assert_eq!(c.settings.stuck_timeout, Duration::from_secs(120));
+    assert_eq!(c.settings.stuck_timeout(), Duration::from_secs(120));
+    // --conn-queue-size (1 MiB): PAUSE above 512 KiB, RESUME at 128 KiB,
+    // credit withheld above 4 MiB.
+    let flow = c.settings.tunnel.flow;
+    assert_eq!(
+        (flow.low, flow.high, flow.limit),
+        (128 << 10, 512 << 10, 4 << 20)
+    );
+    assert!(c.settings.flow_control, "the extension is offered");
+    assert_eq!(
+        (c.settings.tunnel_high_water, c.settings.tunnel_low_water),
+        (1 << 20, 256 << 10),
+        "endpoints stop being read at one --conn-queue-size queued on the tunnel"
+    );
     assert_eq!(c.driver.write_timeout, Duration::from_secs(60));
     assert_eq!(s.sync.interval, Duration::from_secs(1));
     assert_eq!(s.sync.interval_cap, Duration::from_secs(10));
@@ -141,7 +154,7 @@ fn every_flag_reaches_its_setting() {
     assert_eq!(c.keepalive_time, Duration::from_secs(45));
     assert_eq!(c.settings.endpoint_queue, 7);
     assert!(c.settings.warn_on_queue_limit);
-    assert_eq!(c.settings.stuck_timeout, Duration::from_secs(10));
+    assert_eq!(c.settings.stuck_timeout(), Duration::from_secs(10));
     assert!(
         c.driver.write_timeout > Duration::from_secs(300 * 24 * 3600),
         "0 disables"

@@ -181,6 +181,7 @@ impl GrpcFrontend {
             call,
             pending: RefCell::new(None),
             eof: Cell::new(false),
+            close_error: RefCell::new(None),
         };
         tunnel.send(&Packet::DialReq {
             protocol: ByteStr::from_static("tcp"),
@@ -220,12 +221,19 @@ pub struct Tunnel {
     call: Rc<CallState>,
     pending: RefCell<Option<Bytes>>,
     eof: Cell<bool>,
+    close_error: RefCell<Option<String>>,
 }
 
 impl Tunnel {
     /// The connection id the server assigned.
     pub fn connect_id(&self) -> i64 {
         self.connect_id
+    }
+
+    /// The error text of the `CLOSE_RSP` that ended the connection (empty
+    /// for a clean close); `None` before [`Tunnel::read`] saw one.
+    pub fn close_error(&self) -> Option<String> {
+        self.close_error.borrow().clone()
     }
 
     fn send(&self, p: &Packet) -> Result<(), Error> {
@@ -311,8 +319,9 @@ impl Tunnel {
                         return Ok(Some(data));
                     }
                 }
-                Packet::CloseRsp { .. } => {
+                Packet::CloseRsp { error, .. } => {
                     self.eof.set(true);
+                    *self.close_error.borrow_mut() = Some(error.to_string());
                     return Ok(None);
                 }
                 other => {

@@ -6,6 +6,14 @@
 //! oracle cannot drift from the proto. Run with `KONN_BLESS=1` to rewrite the
 //! checked-in file (and the fuzz seeds) instead.
 //!
+//! konn's flow-control extension (`PAUSE`/`RESUME`, type and oneof member
+//! 100/101) is checked against a second oracle, `oracle/konnectivity_flow.rs`,
+//! generated from `oracle/konn_flow.proto`: client.proto plus marked lines
+//! ([`flow_proto_is_client_proto_plus_the_extension`]). It is a superset of
+//! the upstream oracle, so every comparison below uses it; the upstream
+//! oracle checks that both agree on upstream's packets and what an upstream
+//! decoder makes of an extension packet.
+//!
 //! What is checked:
 //! - encoding is byte-identical to prost for edge values and random packets;
 //! - decoding prost's bytes gives the packet back, and decode∘encode = id;
@@ -32,6 +40,17 @@ use prost::Message as _;
     clippy::use_self
 )]
 mod oracle {
+    include!("oracle/konnectivity_flow.rs");
+}
+
+#[allow(
+    missing_docs,
+    unreachable_pub,
+    clippy::all,
+    clippy::pedantic,
+    clippy::use_self
+)]
+mod oracle_upstream {
     include!("oracle/konnectivity.rs");
 }
 
@@ -77,6 +96,8 @@ fn to_prost(p: &Packet) -> oracle::Packet {
         }),
         Packet::DialCls { random } => Payload::CloseDial(oracle::CloseDial { random }),
         Packet::Drain => Payload::Drain(oracle::Drain {}),
+        Packet::Pause { connect_id } => Payload::Pause(oracle::Pause { connect_id }),
+        Packet::Resume { connect_id } => Payload::Resume(oracle::Resume { connect_id }),
     };
     oracle::Packet {
         r#type: p.ty().into(),
@@ -132,6 +153,18 @@ fn expected(m: &oracle::Packet) -> Result<Packet, Error> {
         ),
         Payload::CloseDial(d) => (7, Packet::DialCls { random: d.random }),
         Payload::Drain(_) => (8, Packet::Drain),
+        Payload::Pause(d) => (
+            100,
+            Packet::Pause {
+                connect_id: d.connect_id,
+            },
+        ),
+        Payload::Resume(d) => (
+            101,
+            Packet::Resume {
+                connect_id: d.connect_id,
+            },
+        ),
     };
     if packet.ty() == ty {
         Ok(packet)
@@ -167,6 +200,8 @@ fn default_packet(ty: PacketType) -> Packet {
         },
         PacketType::DialCls => Packet::DialCls { random: 0 },
         PacketType::Drain => Packet::Drain,
+        PacketType::Pause => Packet::Pause { connect_id: 0 },
+        PacketType::Resume => Packet::Resume { connect_id: 0 },
     }
 }
 
@@ -201,12 +236,12 @@ fn bless() -> bool {
     std::env::var_os("KONN_BLESS").is_some_and(|v| v == "1")
 }
 
-#[test]
-fn oracle_is_up_to_date() {
-    let proto_dir = manifest_dir().join("../proto");
-    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("packet-oracle");
+/// Generates the prost types of `proto` (found in `include`) into a fresh
+/// directory and returns them.
+fn generate(proto: &str, include: &Path, tag: &str) -> String {
+    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(tag);
     std::fs::create_dir_all(&out_dir).unwrap();
-    let fds = protox::compile(["client.proto"], [&proto_dir]).expect("client.proto compiles");
+    let fds = protox::compile([proto], [include]).expect("the proto compiles");
     prost_build::Config::new()
         .out_dir(&out_dir)
         // `Data.data` as `Bytes`, like ours: a fair benchmark and no copies.
@@ -214,16 +249,84 @@ fn oracle_is_up_to_date() {
         .compile_fds(fds)
         .expect("prost-build generates");
     // The proto has no `package`, so prost-build names the file `_.rs`.
-    let generated = std::fs::read_to_string(out_dir.join("_.rs")).unwrap();
-    let checked_in_path = manifest_dir().join("tests/oracle/konnectivity.rs");
+    std::fs::read_to_string(out_dir.join("_.rs")).unwrap()
+}
+
+/// Fails unless the checked-in `oracle/{name}` is `generated` (or rewrites it
+/// under `KONN_BLESS=1`).
+fn check_checked_in(name: &str, generated: &str) {
+    let checked_in_path = manifest_dir().join("tests/oracle").join(name);
     if bless() {
-        std::fs::write(&checked_in_path, &generated).unwrap();
+        std::fs::write(&checked_in_path, generated).unwrap();
     }
     let checked_in = std::fs::read_to_string(&checked_in_path).unwrap();
     assert!(
         generated == checked_in,
-        "tests/oracle/konnectivity.rs is stale; rerun with KONN_BLESS=1:\n{generated}"
+        "tests/oracle/{name} is stale; rerun with KONN_BLESS=1:\n{generated}"
     );
+}
+
+#[test]
+fn oracle_is_up_to_date() {
+    let proto_dir = manifest_dir().join("../proto");
+    let generated = generate("client.proto", &proto_dir, "packet-oracle");
+    check_checked_in("konnectivity.rs", &generated);
+    let oracle_dir = manifest_dir().join("tests/oracle");
+    let generated = generate("konn_flow.proto", &oracle_dir, "packet-oracle-flow");
+    check_checked_in("konnectivity_flow.rs", &generated);
+}
+
+/// The extension's schema cannot drift from upstream's: without its marked
+/// lines it is client.proto, byte for byte.
+#[test]
+fn flow_proto_is_client_proto_plus_the_extension() {
+    let flow =
+        std::fs::read_to_string(manifest_dir().join("tests/oracle/konn_flow.proto")).unwrap();
+    let upstream = std::fs::read_to_string(manifest_dir().join("../proto/client.proto")).unwrap();
+    let stripped: Vec<&str> = flow
+        .split('\n')
+        .filter(|l| !l.contains("// konn-flow-control"))
+        .collect();
+    assert_eq!(stripped.join("\n"), upstream);
+    for needle in [
+        "PAUSE = 100;",
+        "RESUME = 101;",
+        "Pause pause = 100;",
+        "Resume resume = 101;",
+        "message Pause { int64 connectID = 1; }",
+        "message Resume { int64 connectID = 1; }",
+    ] {
+        assert!(flow.contains(needle), "{needle}");
+    }
+}
+
+/// Both oracles agree on upstream's packets, so comparing with the
+/// extended one loses nothing.
+#[test]
+fn extended_oracle_encodes_upstream_packets_like_upstream() {
+    for (_, p) in seed_packets() {
+        if p.ty().is_extension() {
+            continue;
+        }
+        let ours = to_prost(&p).encode_to_vec();
+        let theirs = oracle_upstream::Packet::decode(&ours[..]).expect("upstream decodes");
+        assert_eq!(theirs.encode_to_vec(), ours, "{p:?}");
+    }
+}
+
+/// What a Go peer would make of PAUSE if it ever got one: an unknown
+/// `type` value (protobuf enums are open) and no payload — the extension
+/// fields are skipped as unknown. konn never sends it un-negotiated.
+#[test]
+fn upstream_decoder_skips_the_extension() {
+    for p in [
+        Packet::Pause { connect_id: 7 },
+        Packet::Resume { connect_id: -7 },
+    ] {
+        let m = oracle_upstream::Packet::decode(&ours(&p)[..]).expect("decodes");
+        assert_eq!(m.r#type, i32::from(p.ty()));
+        assert_eq!(m.payload, None, "{p:?}");
+    }
 }
 
 // ----- Fuzz seeds: one prost encoding per packet type -----
@@ -265,6 +368,8 @@ fn seed_packets() -> Vec<(&'static str, Packet)> {
         ),
         ("dial-cls", Packet::DialCls { random: -8_812_345 }),
         ("drain", Packet::Drain),
+        ("pause", Packet::Pause { connect_id: 3 }),
+        ("resume", Packet::Resume { connect_id: 3 }),
     ]
 }
 
@@ -324,6 +429,8 @@ fn edge_values_encode_like_prost() {
     for &a in &INTS {
         check_against_prost(&Packet::CloseReq { connect_id: a });
         check_against_prost(&Packet::DialCls { random: a });
+        check_against_prost(&Packet::Pause { connect_id: a });
+        check_against_prost(&Packet::Resume { connect_id: a });
         for s in &strs {
             check_against_prost(&Packet::CloseRsp {
                 error: s.clone(),
@@ -436,13 +543,15 @@ fn any_packet() -> impl Strategy<Value = Packet> {
         }),
         any_i64().prop_map(|random| Packet::DialCls { random }),
         Just(Packet::Drain),
+        any_i64().prop_map(|connect_id| Packet::Pause { connect_id }),
+        any_i64().prop_map(|connect_id| Packet::Resume { connect_id }),
     ]
 }
 
 /// Any prost message, including ones our decoder refuses (unknown `type`,
 /// mismatched or missing payload).
 fn any_prost_message() -> impl Strategy<Value = oracle::Packet> {
-    let ty = prop_oneof![4 => 0i32..7, 1 => any::<i32>()];
+    let ty = prop_oneof![4 => 0i32..7, 1 => 100i32..102, 1 => any::<i32>()];
     let payload = prop_oneof![
         1 => Just(None),
         6 => any_packet().prop_map(|p| to_prost(&p).payload),
@@ -576,7 +685,12 @@ fn serialize(fields: &[WireField], out: &mut Vec<u8>) {
 }
 
 fn any_field_number() -> impl Strategy<Value = u32> {
-    prop_oneof![8 => 1u32..=9, 1 => 10u32..100, 1 => Just((1 << 29) - 1)]
+    prop_oneof![
+        8 => 1u32..=9,
+        1 => 10u32..100,
+        1 => 100u32..=102,
+        1 => Just((1 << 29) - 1)
+    ]
 }
 
 fn any_wire_field() -> impl Strategy<Value = WireField> {
@@ -625,12 +739,17 @@ fn any_member() -> impl Strategy<Value = WireField> {
         )
             .prop_map(|(field, c)| WireField::Len(field, c)),
     ];
-    (2u32..=8, vec(inner, 0..5)).prop_map(|(member, fields)| WireField::Message(member, fields))
+    let member = prop_oneof![7 => 2u32..=8, 1 => 100u32..=101];
+    (member, vec(inner, 0..5)).prop_map(|(member, fields)| WireField::Message(member, fields))
 }
 
 /// The `type` value that goes with oneof member `member`.
 fn type_of_member(member: u32) -> u64 {
-    [0, 1, 4, 2, 3, 5, 6][member as usize - 2]
+    match member {
+        100 => 100,
+        101 => 101,
+        _ => [0, 1, 4, 2, 3, 5, 6][member as usize - 2],
+    }
 }
 
 /// Decodes with both and checks that they agree.

@@ -5,8 +5,15 @@
 //! ignored). It is answered with the `serverid` and `servercount` response
 //! headers before any packet, then registered with this core's router and
 //! announced to the other cores. Every packet from the agent goes through
-//! the router; the tunnel's flow-control credit is returned at once so no
-//! frontend can stall it (per-frontend queues are bounded instead).
+//! the router, which says when the tunnel's flow-control credit goes back:
+//! at once, unless the frontend the data is for is behind (then as it
+//! drains; docs/design/tunnel.md, "Flow control").
+//!
+//! konn's flow-control extension is negotiated here: an agent that sends
+//! the request metadata `konn-flow-control: 1` gets the response header
+//! `konn-flow-control: 1` (unless `flow_control` is off in the settings),
+//! and only then do PAUSE/RESUME travel on its tunnel. A Go agent never
+//! sends the metadata and never sees the header.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -22,6 +29,10 @@ use crate::backends::{BackendId, Identifiers};
 use crate::metrics::{Segment, ServiceMethod};
 use crate::serve::metric_strategy;
 use crate::worker::{BackendRef, Msg, Outbox, Worker, bump};
+
+/// The request metadata key (and response header) of konn's flow-control
+/// extension; its value is `1`.
+pub const FLOW_CONTROL_KEY: &str = "konn-flow-control";
 
 /// The handler of one agent connection.
 pub struct AgentConn {
@@ -81,6 +92,10 @@ impl AgentConn {
             }
         };
         let s = &self.worker.settings;
+        let flow_control = s.flow_control
+            && metadata
+                .get(FLOW_CONTROL_KEY.as_bytes())
+                .is_some_and(|v| v == "1");
         let mut md = Headers::new();
         md.push(
             Bytes::from_static(b"serverid"),
@@ -90,17 +105,22 @@ impl AgentConn {
             Bytes::from_static(b"servercount"),
             Bytes::from(s.server_count.to_string()),
         );
+        if flow_control {
+            md.push(
+                Bytes::from_static(FLOW_CONTROL_KEY.as_bytes()),
+                Bytes::from_static(b"1"),
+            );
+        }
         if grpc.accept(id, &md).is_err() {
             return;
         }
         let bid = self.worker.next_id();
-        tracing::info!(agent_id = %agent_id, backend = bid, "agent connected");
-        self.worker.router.borrow_mut().backend_connected(
-            bid,
-            agent_id,
-            identifiers,
-            self.worker.index,
-        );
+        tracing::info!(agent_id = %agent_id, backend = bid, flow_control, "agent connected");
+        {
+            let mut router = self.worker.router.borrow_mut();
+            router.backend_connected(bid, agent_id, identifiers, self.worker.index);
+            router.set_flow_control(bid, flow_control);
+        }
         let entry = self.worker.router.borrow().directory().get(bid).cloned();
         self.worker.backends.borrow_mut().insert(
             bid,
@@ -173,6 +193,8 @@ impl Handler<Grpc> for AgentConn {
                 framed,
                 flow,
             } => {
+                // Credit the router does not keep goes back now.
+                let mut credit = flow;
                 if let Some(&bid) = self.streams.get(&id) {
                     match Packet::decode(&msg) {
                         Ok(p) => {
@@ -184,11 +206,12 @@ impl Handler<Grpc> for AgentConn {
                             self.worker.forwarding.set(ty);
                             let drain = matches!(p, Packet::Drain);
                             let framed = framed.unwrap_or_else(|| reframe(&msg));
-                            self.worker.router.borrow_mut().backend_packet(
+                            credit = self.worker.router.borrow_mut().backend_packet(
                                 konn_core::io::clock::now(),
                                 bid,
                                 p,
                                 framed,
+                                flow,
                             );
                             self.worker.apply();
                             if ty != PacketType::Data {
@@ -204,8 +227,7 @@ impl Handler<Grpc> for AgentConn {
                         }
                     }
                 }
-                // The tunnel never waits for a frontend.
-                grpc.release(id, flow);
+                grpc.release(id, credit);
             }
             GrpcEvent::Writable { id } => {
                 if let Some(&bid) = self.streams.get(&id) {

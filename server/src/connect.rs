@@ -13,7 +13,14 @@
 //! One task serves one connection. It waits for readability before reading
 //! (an idle connection holds no buffer), reads into a pooled buffer right
 //! after room for the DATA packet header (plaintext: no copy), and writes
-//! the agent's payloads in order, each bounded by the stuck timeout.
+//! the agent's payloads in order.
+//!
+//! Flow control (docs/design/tunnel.md): the payloads waiting for the
+//! client are this frontend's queue; after every write the router learns
+//! its level (`Router::frontend_level`) and decides about the tunnel's
+//! credit and PAUSE/RESUME; a client that takes nothing for the stuck
+//! timeout is aborted by the router's timer. The socket is not read while
+//! the tunnel is congested or the agent paused this connection (PAUSE).
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -139,6 +146,10 @@ pub struct ConnectFrontend {
     /// Close after writing what is queued.
     closed: Cell<bool>,
     wake: Notify,
+    /// The agent paused this connection (PAUSE): do not read the socket.
+    paused: Cell<bool>,
+    /// Aborted: stop a write in progress.
+    killed: Notify,
 }
 
 impl ConnectFrontend {
@@ -150,7 +161,15 @@ impl ConnectFrontend {
             failure: RefCell::new(None),
             closed: Cell::new(false),
             wake: Notify::new(),
+            paused: Cell::new(false),
+            killed: Notify::new(),
         }
+    }
+
+    /// PAUSE (`true`) or RESUME (`false`) from the agent.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.set(paused);
+        self.wake.notify();
     }
 
     /// The dial succeeded.
@@ -178,11 +197,13 @@ impl ConnectFrontend {
         self.wake.notify();
     }
 
-    /// The server is stopping: drop what is queued and end now.
+    /// The server is stopping, or the client stopped reading: drop what is
+    /// queued and end now (a write in progress is abandoned).
     pub fn abort(&self) {
         self.queue.borrow_mut().clear();
         self.queued.set(0);
         self.close();
+        self.killed.notify();
     }
 }
 
@@ -476,24 +497,32 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
         // Agent → client, in order, each write bounded.
         let next = cf.queue.borrow_mut().pop_front();
         if let Some(data) = next {
-            cf.queued.set(cf.queued.get() - data.len());
-            match monoio::time::timeout(worker.settings.stuck_timeout, wire.send(data)).await {
-                Ok(Ok(())) => continue,
-                Ok(Err(_)) => return,
-                Err(_) => {
-                    worker
-                        .router
-                        .borrow_mut()
-                        .frontend_stuck(fid, "konn: client stopped reading; connection closed");
+            let len = data.len();
+            // Bounded by the router's stuck timer, which aborts.
+            match race(wire.send(data), cf.killed.notified()).await {
+                Either::Left(Ok(())) => {
+                    cf.queued.set(cf.queued.get().saturating_sub(len));
+                    let level = cf.queued.get();
+                    worker.router.borrow_mut().frontend_level(
+                        konn_core::io::clock::now(),
+                        fid,
+                        level,
+                    );
                     worker.apply();
-                    return;
+                    continue;
                 }
+                Either::Left(Err(_)) | Either::Right(()) => return,
             }
         }
         if cf.closed.get() {
             return;
         }
-        // Client → agent, paused while the tunnel is congested.
+        // Client → agent, paused while the tunnel is congested or the
+        // agent paused this connection.
+        if cf.paused.get() {
+            cf.wake.notified().await;
+            continue;
+        }
         if worker.congested(backend) {
             let drained = worker
                 .backends

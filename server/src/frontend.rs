@@ -1,6 +1,12 @@
 //! The gRPC frontend: `/ProxyService/Proxy` streams from kube-apiserver's
 //! konnectivity-client become router frontends.
 //!
+//! Flow control: the agent's data for a stream waits in that stream's send
+//! queue, which the router accounts as the frontend's queue
+//! (`Router::frontend_level` after every dispatch); the frontend's own
+//! messages return their credit through `Worker::credit`, held while the
+//! agent paused the frontend or its tunnel is congested.
+//!
 //! Placement: a connection stays on the core that accepted it while its
 //! dials go to tunnels of that core. When the first DIAL_REQ of a
 //! single-stream connection (what kube-apiserver's single-use tunnels are)
@@ -224,8 +230,7 @@ impl Handler<Grpc> for FrontendConn {
                 if ty != PacketType::Data {
                     self.worker.publish();
                 }
-                let backend = self.worker.router.borrow().frontend_backend(fid);
-                self.worker.credit(backend, &self.outbox, id, flow, grpc);
+                self.worker.credit(fid, &self.outbox, id, flow, grpc);
             }
             GrpcEvent::HalfClose { id } => {
                 // The client is done (upstream: Recv returns EOF, the
@@ -242,22 +247,21 @@ impl Handler<Grpc> for FrontendConn {
 
     fn after_dispatch(&mut self, grpc: &mut Grpc) {
         self.outbox.flush(grpc);
-        let limit = self.worker.settings.frontend_queue_limit;
-        let stuck: Vec<FrontendId> = self
-            .streams
-            .iter()
-            .filter(|(stream, _)| grpc.queued_bytes(**stream) > limit)
-            .map(|(_, fid)| *fid)
-            .collect();
-        for fid in stuck {
-            tracing::info!(
-                frontend = fid,
-                "frontend stopped reading; closing its connection"
-            );
-            self.worker
-                .router
-                .borrow_mut()
-                .frontend_stuck(fid, "konn: frontend stopped reading; connection closed");
+        // Each stream's send queue is its frontend's flow-control queue:
+        // tell the router where it stands (a drop is progress).
+        let now = konn_core::io::clock::now();
+        let mut changed = false;
+        {
+            let mut router = self.worker.router.borrow_mut();
+            for (&stream, &fid) in &self.streams {
+                let level = grpc.queued_bytes(stream);
+                if router.frontend_queued(fid).is_some_and(|q| q != level) {
+                    router.frontend_level(now, fid, level);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
             self.worker.apply();
             self.outbox.flush(grpc);
         }

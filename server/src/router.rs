@@ -16,7 +16,19 @@
 //!   honours (upstream drops it at the server);
 //! - a frontend may only send DATA and CLOSE_REQ for connections it
 //!   established (upstream forwards any connectID to the agent);
-//! - limits on pending dials per frontend and per backend.
+//! - limits on pending dials per frontend and per backend;
+//! - per-connection flow control (docs/design/tunnel.md, "Flow control"):
+//!   each frontend's queue towards it (a gRPC frontend's stream send queue,
+//!   a CONNECT socket's write queue) is accounted with a
+//!   [`FlowRx`](konn_core::proto::flow::FlowRx). The agent tunnel's credit
+//!   for DATA to a frontend goes back at once below the flow's limit and is
+//!   withheld above it until the frontend drains ([`Action::ReleaseBackend`]);
+//!   with an agent that negotiated konn's extension the router sends PAUSE
+//!   and RESUME at the high/low marks instead. PAUSE/RESUME from such an
+//!   agent stop and restart reading of the frontend: a gRPC frontend's
+//!   credit is held ([`Router::frontend_credit`]), a CONNECT socket is not
+//!   read. A frontend that drains nothing for the stuck timeout is closed
+//!   ([`Router::handle_timeout`]) and its withheld credit returned.
 //!
 //! Packets that are forwarded unchanged travel as their received gRPC
 //! message bytes ([`Payload::Forward`]); the router only decodes them to
@@ -27,6 +39,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use konn_core::proto::flow::{FlowLimits, FlowRx, Signal, Step};
 use konn_frames::packet::{ByteStr, Packet, PacketType};
 
 use crate::backends::{BackendId, Directory, Entry, Identifiers};
@@ -41,6 +54,8 @@ pub const NO_AGENT: &str = "No agent available";
 pub const BACKEND_DIAL_TIMEOUT: &str = "timed out waiting for backend dial";
 /// The error text of a dial whose agent disconnected before answering.
 pub const BACKEND_GONE: &str = "backend connection closed before the dial completed";
+/// The CLOSE_RSP error a gRPC frontend gets when it stopped reading.
+pub const FRONTEND_STUCK: &str = "konn: frontend stopped reading; connection closed";
 
 /// How a frontend reached us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +159,35 @@ pub enum Action {
         /// The frontend.
         frontend: FrontendId,
     },
+    /// CONNECT frontend that stopped reading: drop what is queued for it
+    /// and close the socket now. The router has already forgotten it.
+    AbortFrontend {
+        /// The frontend.
+        frontend: FrontendId,
+    },
+    /// Return this much HTTP/2 credit on a backend's tunnel stream (credit
+    /// the router held back for a frontend that was behind).
+    ReleaseBackend {
+        /// The backend.
+        backend: BackendId,
+        /// Bytes of credit.
+        credit: usize,
+    },
+    /// The agent paused this frontend's flow (PAUSE): stop reading it (a
+    /// CONNECT socket; a gRPC frontend's credit is held by
+    /// [`Router::frontend_credit`]).
+    PauseFrontend {
+        /// The frontend.
+        frontend: FrontendId,
+    },
+    /// The agent resumed this frontend's flow (RESUME): read it again and
+    /// return the gRPC credit held meanwhile.
+    ResumeFrontend {
+        /// The frontend.
+        frontend: FrontendId,
+        /// Held frontend credit to return (0 for CONNECT).
+        credit: usize,
+    },
     /// A dial failed (metrics).
     DialFailed(DialFailure),
     /// A dial succeeded after this long (metrics: `dial_duration_seconds`).
@@ -161,6 +205,8 @@ pub struct RouterConfig {
     pub max_pending_per_frontend: usize,
     /// Pending dials one backend may have.
     pub max_pending_per_backend: usize,
+    /// Each frontend's queue marks and the stuck timeout.
+    pub flow: FlowLimits,
 }
 
 impl Default for RouterConfig {
@@ -170,6 +216,7 @@ impl Default for RouterConfig {
             dial_timeout: Duration::from_secs(30),
             max_pending_per_frontend: 16,
             max_pending_per_backend: 4096,
+            flow: FlowLimits::default(),
         }
     }
 }
@@ -197,6 +244,34 @@ struct Frontend {
     /// Upstream stops serving a frontend after some packets (no agent,
     /// CLOSE_REQ, mismatched ids): later packets are ignored.
     done: bool,
+    /// Backend → frontend: the frontend's queue.
+    rx: FlowRx,
+    /// The backend whose tunnel credit `rx` holds back: that of the first
+    /// connection established (DATA of any other connection of the same
+    /// frontend — not something konnectivity-client does — returns its
+    /// credit at once).
+    rx_backend: Option<BackendId>,
+    /// Frontend → backend: the agent paused this frontend (PAUSE).
+    paused: bool,
+    /// Frontend credit held while paused.
+    held: usize,
+}
+
+impl Frontend {
+    fn new(kind: FrontendKind) -> Self {
+        Self {
+            kind,
+            backend: None,
+            pending: Vec::new(),
+            established: Vec::new(),
+            first_conn_id: 0,
+            done: false,
+            rx: FlowRx::new(),
+            rx_backend: None,
+            paused: false,
+            held: 0,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -205,6 +280,8 @@ struct Backend {
     established: HashMap<i64, FrontendId>,
     /// Pending dials sent to this backend.
     pending: BTreeSet<i64>,
+    /// The agent negotiated konn's flow-control extension.
+    flow_control: bool,
 }
 
 /// Counters the metrics layer reads (per core).
@@ -320,6 +397,15 @@ impl Router {
         });
     }
 
+    /// The agent negotiated konn's flow-control extension
+    /// (`konn-flow-control`): PAUSE and RESUME may be sent to it and are
+    /// honoured from it.
+    pub fn set_flow_control(&mut self, id: BackendId, on: bool) {
+        if let Some(b) = self.backends.get_mut(&id) {
+            b.flow_control = on;
+        }
+    }
+
     /// The agent tunnel is gone: its connections close and its pending
     /// dials fail now.
     pub fn backend_gone(&mut self, id: BackendId) {
@@ -335,14 +421,25 @@ impl Router {
             };
             f.established
                 .retain(|&(bid, c)| !(bid == id && c == connect_id));
+            // Nobody will RESUME it now.
+            let held = std::mem::take(&mut f.held);
+            f.paused = false;
             match f.kind {
-                FrontendKind::Grpc => self.actions.push_back(Action::ToFrontend {
-                    frontend: fid,
-                    payload: Payload::Packet(Packet::CloseRsp {
-                        error: ByteStr::new(),
-                        connect_id,
-                    }),
-                }),
+                FrontendKind::Grpc => {
+                    if held > 0 {
+                        self.actions.push_back(Action::ResumeFrontend {
+                            frontend: fid,
+                            credit: held,
+                        });
+                    }
+                    self.actions.push_back(Action::ToFrontend {
+                        frontend: fid,
+                        payload: Payload::Packet(Packet::CloseRsp {
+                            error: ByteStr::new(),
+                            connect_id,
+                        }),
+                    });
+                }
                 FrontendKind::HttpConnect => self.close_frontend(fid),
             }
         }
@@ -356,10 +453,21 @@ impl Router {
         }
     }
 
-    /// A packet from an agent. `framed` is its received gRPC message.
-    pub fn backend_packet(&mut self, now: Instant, id: BackendId, packet: Packet, framed: Bytes) {
+    /// A packet from an agent. `framed` is its received gRPC message, which
+    /// came with `credit` bytes of the tunnel stream's HTTP/2 credit.
+    /// Returns the credit to return now; the rest follows as
+    /// [`Action::ReleaseBackend`].
+    #[must_use]
+    pub fn backend_packet(
+        &mut self,
+        now: Instant,
+        id: BackendId,
+        packet: Packet,
+        framed: Bytes,
+        credit: usize,
+    ) -> usize {
         if !self.backends.contains_key(&id) {
-            return;
+            return credit;
         }
         match packet {
             Packet::DialRsp {
@@ -369,7 +477,7 @@ impl Router {
             } => self.on_dial_rsp(now, id, random, connect_id, &error, framed),
             Packet::DialCls { random } => {
                 if self.pending.get(&random).is_none_or(|p| p.backend != id) {
-                    return;
+                    return credit;
                 }
                 let p = self.pending.remove(&random).expect("checked");
                 self.unlink_pending(&p, random);
@@ -388,24 +496,65 @@ impl Router {
                 connect_id, data, ..
             } => {
                 if connect_id == 0 {
-                    return;
+                    return credit;
                 }
                 let Some(&fid) = self.backends[&id].established.get(&connect_id) else {
                     self.close_req(id, connect_id);
-                    return;
+                    return credit;
                 };
-                match self.frontends.get(&fid).map(|f| f.kind) {
-                    Some(FrontendKind::Grpc) => self.actions.push_back(Action::ToFrontend {
-                        frontend: fid,
-                        payload: Payload::Forward(framed),
-                    }),
-                    Some(FrontendKind::HttpConnect) => {
-                        self.actions.push_back(Action::ConnectData {
+                let may_pause = self.backends[&id].flow_control;
+                let lim = self.cfg.flow;
+                let Some(f) = self.frontends.get_mut(&fid) else {
+                    self.close_req(id, connect_id);
+                    return credit;
+                };
+                // Flow-controlled credit only from the frontend's own backend.
+                let (held_credit, now_credit) = if f.rx_backend == Some(id) {
+                    (credit, 0)
+                } else {
+                    (0, credit)
+                };
+                let (len, action) = match f.kind {
+                    FrontendKind::Grpc => (
+                        framed.len(),
+                        Action::ToFrontend {
+                            frontend: fid,
+                            payload: Payload::Forward(framed),
+                        },
+                    ),
+                    FrontendKind::HttpConnect => (
+                        data.len(),
+                        Action::ConnectData {
                             frontend: fid,
                             data,
-                        });
-                    }
-                    None => self.close_req(id, connect_id),
+                        },
+                    ),
+                };
+                let step = f.rx.push(len, held_credit, &lim, may_pause, now);
+                self.actions.push_back(action);
+                return now_credit + self.flow_step(fid, step, true);
+            }
+            Packet::Pause { connect_id } if self.backends[&id].flow_control => {
+                if let Some(&fid) = self.backends[&id].established.get(&connect_id)
+                    && let Some(f) = self.frontends.get_mut(&fid)
+                    && !f.paused
+                {
+                    f.paused = true;
+                    self.actions
+                        .push_back(Action::PauseFrontend { frontend: fid });
+                }
+            }
+            Packet::Resume { connect_id } if self.backends[&id].flow_control => {
+                if let Some(&fid) = self.backends[&id].established.get(&connect_id)
+                    && let Some(f) = self.frontends.get_mut(&fid)
+                    && f.paused
+                {
+                    f.paused = false;
+                    let credit = std::mem::take(&mut f.held);
+                    self.actions.push_back(Action::ResumeFrontend {
+                        frontend: fid,
+                        credit,
+                    });
                 }
             }
             Packet::CloseRsp { connect_id, .. } => {
@@ -414,13 +563,23 @@ impl Router {
                     .get_mut(&id)
                     .and_then(|b| b.established.remove(&connect_id))
                 else {
-                    return; // already closed
+                    return credit; // already closed
                 };
                 let Some(f) = self.frontends.get_mut(&fid) else {
-                    return;
+                    return credit;
                 };
                 f.established
                     .retain(|&(b, c)| !(b == id && c == connect_id));
+                f.paused = false;
+                let held = std::mem::take(&mut f.held);
+                if held > 0 {
+                    // Whatever the frontend still sends is answered, not
+                    // forwarded: its credit need not wait.
+                    self.actions.push_back(Action::ResumeFrontend {
+                        frontend: fid,
+                        credit: held,
+                    });
+                }
                 match f.kind {
                     FrontendKind::Grpc => self.actions.push_back(Action::ToFrontend {
                         frontend: fid,
@@ -430,8 +589,115 @@ impl Router {
                 }
             }
             Packet::Drain => self.directory.set_draining(id),
-            // An agent never sends these; upstream ignores them too.
-            Packet::DialReq { .. } | Packet::CloseReq { .. } => {}
+            // An agent never sends these, and PAUSE/RESUME need the
+            // extension; upstream ignores unexpected packets too.
+            Packet::DialReq { .. }
+            | Packet::CloseReq { .. }
+            | Packet::Pause { .. }
+            | Packet::Resume { .. } => {}
+        }
+        credit
+    }
+
+    /// Perform a flow-control step for frontend `fid`'s queue: withheld
+    /// credit that may go back, PAUSE/RESUME to its agent. Returns the
+    /// credit to release now if `direct` (the caller releases it), else
+    /// queues it as [`Action::ReleaseBackend`].
+    fn flow_step(&mut self, fid: FrontendId, step: Step, direct: bool) -> usize {
+        let Some(f) = self.frontends.get(&fid) else {
+            return step.release;
+        };
+        let backend = f.rx_backend;
+        if let Some(signal) = step.signal {
+            let conns: Vec<(BackendId, i64)> = f
+                .established
+                .iter()
+                .copied()
+                .filter(|(b, _)| self.backends.get(b).is_some_and(|b| b.flow_control))
+                .collect();
+            for (b, connect_id) in conns {
+                let packet = match signal {
+                    Signal::Pause => Packet::Pause { connect_id },
+                    Signal::Resume => Packet::Resume { connect_id },
+                };
+                self.actions.push_back(Action::ToBackend {
+                    backend: b,
+                    payload: Payload::Packet(packet),
+                });
+            }
+        }
+        if direct || step.release == 0 {
+            return step.release;
+        }
+        if let Some(backend) = backend {
+            self.actions.push_back(Action::ReleaseBackend {
+                backend,
+                credit: step.release,
+            });
+        }
+        0
+    }
+
+    /// Frontend `fid`'s queue measured by the IO layer at `now`: `level`
+    /// bytes (a gRPC frontend's stream send queue; a CONNECT socket's write
+    /// queue). A lower level than before is progress: withheld credit may
+    /// go back and a RESUME may be due.
+    pub fn frontend_level(&mut self, now: Instant, fid: FrontendId, level: usize) {
+        let lim = self.cfg.flow;
+        let Some(f) = self.frontends.get_mut(&fid) else {
+            return;
+        };
+        // Nothing to account: no connection established (yet, or any
+        // more) and nothing of one still queued.
+        if level == f.rx.queued()
+            || (f.established.is_empty() && f.rx.queued() == 0 && f.rx.withheld() == 0)
+        {
+            return;
+        }
+        let may_pause = f
+            .rx_backend
+            .and_then(|b| self.backends.get(&b))
+            .is_some_and(|b| b.flow_control);
+        let step = f.rx.set_level(level, &lim, may_pause, now);
+        let _ = self.flow_step(fid, step, false);
+    }
+
+    /// Credit of a message frontend `fid` sent that the IO layer passed on:
+    /// returns what to return now; while the agent paused the frontend it
+    /// is held until RESUME ([`Action::ResumeFrontend`]).
+    #[must_use]
+    pub fn frontend_credit(&mut self, fid: FrontendId, credit: usize) -> usize {
+        match self.frontends.get_mut(&fid) {
+            Some(f) if f.paused => {
+                f.held += credit;
+                0
+            }
+            _ => credit,
+        }
+    }
+
+    /// Whether the agent paused frontend `fid` (PAUSE).
+    pub fn frontend_paused(&self, fid: FrontendId) -> bool {
+        self.frontends.get(&fid).is_some_and(|f| f.paused)
+    }
+
+    /// Bytes queued towards frontend `fid`, as the router counts them.
+    pub fn frontend_queued(&self, fid: FrontendId) -> Option<usize> {
+        self.frontends.get(&fid).map(|f| f.rx.queued())
+    }
+
+    /// A frontend is forgotten: the tunnel credit its queue held back goes
+    /// back to its agent.
+    fn release_rx(&mut self, f: &mut Frontend) {
+        let withheld = f.rx.close();
+        if withheld > 0
+            && let Some(backend) = f.rx_backend
+            && self.backends.contains_key(&backend)
+        {
+            self.actions.push_back(Action::ReleaseBackend {
+                backend,
+                credit: withheld,
+            });
         }
     }
 
@@ -499,6 +765,7 @@ impl Router {
             .insert(connect_id, fid);
         if let Some(f) = self.frontends.get_mut(&fid) {
             f.established.push((id, connect_id));
+            f.rx_backend.get_or_insert(id);
         }
         self.actions.push_back(Action::DialSucceeded(
             now.saturating_duration_since(p.started),
@@ -520,17 +787,7 @@ impl Router {
 
     /// A frontend appeared.
     pub fn frontend_opened(&mut self, id: FrontendId, kind: FrontendKind) {
-        self.frontends.insert(
-            id,
-            Frontend {
-                kind,
-                backend: None,
-                pending: Vec::new(),
-                established: Vec::new(),
-                first_conn_id: 0,
-                done: false,
-            },
-        );
+        self.frontends.insert(id, Frontend::new(kind));
     }
 
     /// A packet from a gRPC frontend. `framed` is its received gRPC message;
@@ -620,7 +877,11 @@ impl Router {
                 });
             }
             // Not for a server; upstream ignores them.
-            Packet::DialRsp { .. } | Packet::CloseRsp { .. } | Packet::Drain => {}
+            Packet::DialRsp { .. }
+            | Packet::CloseRsp { .. }
+            | Packet::Drain
+            | Packet::Pause { .. }
+            | Packet::Resume { .. } => {}
         }
     }
 
@@ -655,9 +916,10 @@ impl Router {
     /// gave up on it): its dials are cancelled and its connections closed
     /// at the agent.
     pub fn frontend_gone(&mut self, id: FrontendId) {
-        let Some(f) = self.frontends.remove(&id) else {
+        let Some(mut f) = self.frontends.remove(&id) else {
             return;
         };
+        self.release_rx(&mut f);
         for random in f.pending {
             let Some(p) = self.pending.remove(&random) else {
                 continue;
@@ -681,7 +943,9 @@ impl Router {
     }
 
     /// An established connection could not be served (its frontend stopped
-    /// reading for too long): close it on both sides, with `reason`.
+    /// reading for too long): close it on both sides, with `reason`, and
+    /// return the tunnel credit its queue held back. A CONNECT socket is
+    /// closed without writing what is queued for it.
     pub fn frontend_stuck(&mut self, id: FrontendId, reason: &str) {
         let Some(f) = self.frontends.get(&id) else {
             return;
@@ -697,23 +961,44 @@ impl Router {
                 self.send_close_rsp(id, connect_id, reason);
             }
         }
-        if let Some(f) = self.frontends.get_mut(&id) {
+        if let Some(mut f) = self.frontends.remove(&id) {
+            self.release_rx(&mut f);
             f.established.clear();
             f.done = true;
+            f.paused = false;
+            if f.held > 0 {
+                self.actions.push_back(Action::ResumeFrontend {
+                    frontend: id,
+                    credit: std::mem::take(&mut f.held),
+                });
+            }
+            if kind == FrontendKind::Grpc {
+                // Still there for the stream's end; nothing flows any more.
+                f.rx_backend = None;
+                self.frontends.insert(id, f);
+            }
         }
         if kind == FrontendKind::HttpConnect {
-            self.close_frontend(id);
+            self.forget_frontend(id);
+            self.actions
+                .push_back(Action::AbortFrontend { frontend: id });
         }
     }
 
     // ----- timers -----------------------------------------------------------
 
-    /// The earliest pending-dial deadline.
+    /// The earliest deadline: a pending dial's, or the moment a frontend
+    /// that drains nothing becomes stuck.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.pending.values().map(|p| p.deadline).min()
+        let lim = &self.cfg.flow;
+        let dials = self.pending.values().map(|p| p.deadline);
+        let flows = self.frontends.values().filter_map(|f| f.rx.deadline(lim));
+        dials.chain(flows).min()
     }
 
-    /// Expire pending dials due at `now`.
+    /// Expire pending dials due at `now`, and close frontends that are
+    /// stuck at `now` (nothing drained from their queue for the stuck
+    /// timeout).
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut due: Vec<i64> = self
             .pending
@@ -735,6 +1020,17 @@ impl Router {
                 payload: Payload::Packet(Packet::DialCls { random }),
             });
             self.fail_dial(p.frontend, random, BACKEND_DIAL_TIMEOUT, DialFail::Timeout);
+        }
+        let lim = self.cfg.flow;
+        let mut stuck: Vec<FrontendId> = self
+            .frontends
+            .iter()
+            .filter(|(_, f)| f.rx.is_stuck(&lim, now))
+            .map(|(id, _)| *id)
+            .collect();
+        stuck.sort_unstable();
+        for fid in stuck {
+            self.frontend_stuck(fid, FRONTEND_STUCK);
         }
     }
 
@@ -897,7 +1193,8 @@ impl Router {
 
     /// Forget a frontend whose dials and connections are already settled.
     fn forget_frontend(&mut self, fid: FrontendId) {
-        if let Some(f) = self.frontends.remove(&fid) {
+        if let Some(mut f) = self.frontends.remove(&fid) {
+            self.release_rx(&mut f);
             for (backend, connect_id) in f.established {
                 if let Some(b) = self.backends.get_mut(&backend) {
                     b.established.remove(&connect_id);

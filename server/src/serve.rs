@@ -327,6 +327,7 @@ async fn worker_main(
     let stop = listen_stop.token();
     let worker_stop = ctx.stop_token().clone();
     serve_http(&worker, &listeners, &stop);
+    worker.spawn(router_timer(worker.clone()));
 
     // Agent port.
     if let Some(l) = listeners
@@ -420,6 +421,29 @@ async fn worker_main(
 
 /// How long a stopping worker waits for its tasks to end.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// The longest the router's timer sleeps: deadlines that appear meanwhile
+/// are seen at most this late.
+const TIMER_TICK: Duration = Duration::from_secs(1);
+
+/// The router's deadlines: pending dials that time out, and frontends
+/// that drained nothing for the stuck timeout. Ends when the worker stops.
+async fn router_timer(worker: Rc<Worker>) {
+    while !worker.stopped.get() {
+        let now = konn_core::io::clock::now();
+        worker.router.borrow_mut().handle_timeout(now);
+        worker.apply();
+        worker.publish();
+        let next = worker.router.borrow().poll_timeout();
+        let wait = next.map_or(TIMER_TICK, |d| {
+            d.saturating_duration_since(now)
+                .clamp(Duration::from_millis(1), TIMER_TICK)
+        });
+        if let Either::Right(()) = race(monoio::time::sleep(wait), worker.stopping.wait()).await {
+            return;
+        }
+    }
+}
 
 /// Ask every connection of this worker to stop.
 fn stop_connections(worker: &Worker, how: Stop) {

@@ -12,6 +12,7 @@ use konn_core::proto::h2::{self, Keepalive, PingPolicy, Role};
 
 use crate::backends::Strategy;
 use crate::router::RouterConfig;
+use konn_core::proto::flow::FlowLimits;
 
 /// The frontend protocol (`--mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,16 +57,17 @@ pub struct ServerSettings {
     pub keepalive_time: Duration,
     /// `--frontend-keepalive-time`.
     pub frontend_keepalive_time: Duration,
-    /// Router limits and the dial deadline.
+    /// Router limits, the dial deadline, each frontend's flow-control marks
+    /// and the stuck timeout (`router.flow`).
     pub router: RouterConfig,
-    /// A tunnel counts as congested above this many queued bytes…
+    /// A tunnel counts as congested above this many queued bytes (its
+    /// frontends stop being read)…
     pub tunnel_high_water: usize,
     /// …and drained again at this many.
     pub tunnel_low_water: usize,
-    /// A frontend with more bytes queued than this stops being served.
-    pub frontend_queue_limit: usize,
-    /// A CONNECT client that accepts nothing for this long is closed.
-    pub stuck_timeout: Duration,
+    /// Answer an agent's `konn-flow-control` offer (PAUSE/RESUME on its
+    /// tunnel). Off: every agent gets upstream's protocol only.
+    pub flow_control: bool,
     /// Time allowed to send the CONNECT request head (upstream: 60 s).
     pub connect_header_timeout: Duration,
     /// Largest gRPC message accepted.
@@ -103,10 +105,9 @@ impl ServerSettings {
             keepalive_time: Duration::from_secs(3600),
             frontend_keepalive_time: Duration::from_secs(3600),
             router: RouterConfig::default(),
-            tunnel_high_water: 4 << 20,
-            tunnel_low_water: 1 << 20,
-            frontend_queue_limit: 16 << 20,
-            stuck_timeout: Duration::from_secs(30),
+            tunnel_high_water: 1 << 20,
+            tunnel_low_water: 256 << 10,
+            flow_control: true,
             connect_header_timeout: Duration::from_secs(60),
             max_message: konn_frames::grpc::DEFAULT_MAX_RECV_MESSAGE_SIZE,
             windows: (4 << 20, 16 << 20),
@@ -270,12 +271,17 @@ impl ServerSettings {
             router: RouterConfig {
                 core: 0,
                 dial_timeout: o.backend_dial_timeout,
+                flow: FlowLimits::from_queue_size(
+                    e.conn_queue_size,
+                    e.stuck_timeout.unwrap_or(NEVER),
+                ),
                 ..RouterConfig::default()
             },
-            tunnel_high_water: e.conn_queue_size.max(64 * 1024) * 4,
-            tunnel_low_water: e.conn_queue_size.max(64 * 1024),
-            frontend_queue_limit: e.conn_queue_size.max(64 * 1024) * 16,
-            stuck_timeout: e.stuck_timeout.unwrap_or(Duration::from_secs(3600)),
+            // A konn agent's PAUSE must find at most this much of a flow
+            // still queued here (docs/design/tunnel.md, "Flow control").
+            tunnel_high_water: e.conn_queue_size.max(64 * 1024),
+            tunnel_low_water: e.conn_queue_size.max(64 * 1024) / 4,
+            flow_control: true,
             connect_header_timeout: Duration::from_secs(60),
             max_message: e.grpc_max_message_size,
             windows: (e.h2_stream_window, e.h2_conn_window),
@@ -296,6 +302,9 @@ impl ServerSettings {
         })
     }
 }
+
+/// A disabled timeout (`--stuck-timeout=0`): a year.
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
 fn nonzero_or(d: Duration, default: Duration) -> Duration {
     if d.is_zero() { default } else { d }

@@ -11,9 +11,12 @@
 //! twice, and nothing on this path allocates.
 //!
 //! Flow control between a frontend and its backend (docs/design/tunnel.md):
-//! a frontend's HTTP/2 credit is returned only while its backend's tunnel
-//! is not congested; otherwise the credit waits in the backend's list and is
-//! returned when the tunnel drains.
+//! a frontend's HTTP/2 credit is returned only while the agent has not
+//! paused that frontend (PAUSE; the router holds the credit until RESUME)
+//! and its backend's tunnel is not congested (the credit waits in the
+//! backend's list and is returned when the tunnel drains). The other way,
+//! the router decides when the tunnel's credit for a frontend's data goes
+//! back ([`Action::ReleaseBackend`]).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -28,7 +31,7 @@ use konn_core::io::pool::BufPool;
 use konn_core::proto::grpc::Grpc;
 use konn_frames::GrpcStatus;
 
-use konn_frames::packet::PacketType;
+use konn_frames::packet::{Packet, PacketType};
 
 use crate::backends::{BackendId, Entry};
 use crate::connect::ConnectFrontend;
@@ -314,23 +317,45 @@ impl Worker {
             .is_some_and(|b| b.queued.get() >= self.settings.tunnel_high_water)
     }
 
-    /// Return a frontend's credit now, or when its backend drains.
+    /// Return a gRPC frontend's credit now, or when the agent resumes it,
+    /// or when its backend drains.
     pub fn credit(
         &self,
-        backend: Option<BackendId>,
+        fid: FrontendId,
         outbox: &Rc<Outbox>,
         stream: u32,
         flow: usize,
         grpc: &mut Grpc,
     ) {
+        let (flow, backend) = {
+            let mut router = self.router.borrow_mut();
+            (
+                router.frontend_credit(fid, flow),
+                router.frontend_backend(fid),
+            )
+        };
+        if flow > 0 && !self.hold_if_congested(backend, outbox, stream, flow) {
+            grpc.release(stream, flow);
+        }
+    }
+
+    /// Keep a frontend's credit in its backend's list while that tunnel is
+    /// congested; returns whether it was kept.
+    fn hold_if_congested(
+        &self,
+        backend: Option<BackendId>,
+        outbox: &Rc<Outbox>,
+        stream: u32,
+        flow: usize,
+    ) -> bool {
         if let Some(b) = backend
             && let Some(be) = self.backends.borrow().get(&b)
             && be.queued.get() >= self.settings.tunnel_high_water
         {
             be.waiting.borrow_mut().push((outbox.clone(), stream, flow));
-            return;
+            return true;
         }
-        grpc.release(stream, flow);
+        false
     }
 
     /// A backend's tunnel drained: give back held credit, wake readers.
@@ -357,6 +382,19 @@ impl Worker {
                 Action::ToBackend { backend, payload } => {
                     let ty = self.payload_type(&payload);
                     self.metrics.stream_packets(Segment::ToAgent, ty).inc();
+                    match &payload {
+                        Payload::Packet(Packet::Pause { connect_id }) => tracing::debug!(
+                            backend,
+                            connection_id = *connect_id,
+                            "frontend queue above its high-water mark; sending PAUSE"
+                        ),
+                        Payload::Packet(Packet::Resume { connect_id }) => tracing::debug!(
+                            backend,
+                            connection_id = *connect_id,
+                            "frontend queue drained; sending RESUME"
+                        ),
+                        _ => {}
+                    }
                     let bytes = encode(payload);
                     let target = self.backends.borrow().get(&backend).map(|b| {
                         b.queued.set(b.queued.get() + bytes.len());
@@ -407,6 +445,49 @@ impl Worker {
                         }
                         Some(FrontendRef::Connect(cf)) => cf.close(),
                         None => {}
+                    }
+                }
+                Action::AbortFrontend { frontend } => {
+                    let f = self.frontends.borrow_mut().remove(&frontend);
+                    if let Some(FrontendRef::Connect(cf)) = f {
+                        cf.abort();
+                    }
+                }
+                Action::ReleaseBackend { backend, credit } => {
+                    let target = self
+                        .backends
+                        .borrow()
+                        .get(&backend)
+                        .map(|b| (b.outbox.clone(), b.stream));
+                    if let Some((outbox, stream)) = target {
+                        outbox.push(Out::Release(stream, credit));
+                    }
+                }
+                Action::PauseFrontend { frontend } => {
+                    tracing::debug!(frontend, "PAUSE from the agent: frontend not read");
+                    if let Some(cf) = self.connect_frontend(frontend) {
+                        cf.set_paused(true);
+                    }
+                }
+                Action::ResumeFrontend { frontend, credit } => {
+                    tracing::debug!(frontend, "RESUME from the agent: frontend read again");
+                    let target = match self.frontends.borrow().get(&frontend) {
+                        Some(FrontendRef::Grpc { outbox, stream }) => {
+                            Some((outbox.clone(), *stream))
+                        }
+                        Some(FrontendRef::Connect(cf)) => {
+                            cf.set_paused(false);
+                            None
+                        }
+                        None => None,
+                    };
+                    if let Some((outbox, stream)) = target
+                        && credit > 0
+                    {
+                        let backend = self.router.borrow().frontend_backend(frontend);
+                        if !self.hold_if_congested(backend, &outbox, stream, credit) {
+                            outbox.push(Out::Release(stream, credit));
+                        }
                     }
                 }
                 Action::DialFailed(why) => self.metrics.dial_failures(failure_reason(why)).inc(),

@@ -18,8 +18,8 @@ use crate::io::runtime::{IoEngine, RuntimeConfig};
 pub const DEFAULT_IO_ENGINE: IoEngine = IoEngine::Auto;
 /// `--memory-budget` default: 512 MiB (the buffer pools' default).
 pub const DEFAULT_MEMORY_BUDGET: u64 = 512 << 20;
-/// `--conn-queue-size` default: 1 MiB per connection and direction, one
-/// HTTP/2 stream window, so a full window from the peer always fits.
+/// `--conn-queue-size` default: 1 MiB per connection and direction (the
+/// flow-control marks derive from it: `proto::flow::FlowLimits`).
 pub const DEFAULT_CONN_QUEUE_SIZE: u64 = 1 << 20;
 /// `--h2-stream-window` default: 1 MiB.
 pub const DEFAULT_H2_STREAM_WINDOW: u64 = 1 << 20;
@@ -61,8 +61,9 @@ pub struct EngineFlags {
     pub pin_cores: bool,
     /// `--memory-budget`: cap on pooled buffer memory, all workers together.
     pub memory_budget: usize,
-    /// `--conn-queue-size`: bytes queued per proxied connection and direction
-    /// before konn stops reading from that connection's source.
+    /// `--conn-queue-size`: the per-connection, per-direction queue size the
+    /// flow-control marks derive from (`proto::flow::FlowLimits`), and the
+    /// tunnel send queue's high-water mark.
     pub conn_queue_size: usize,
     /// `--h2-stream-window`: HTTP/2 per-stream receive window we advertise.
     pub h2_stream_window: u32,
@@ -77,7 +78,8 @@ pub struct EngineFlags {
     /// data waits for it is closed. `None`: disabled (flag value 0).
     pub write_timeout: Option<Duration>,
     /// `--stuck-timeout`: a proxied connection whose queue towards its
-    /// receiver stays full, with nothing drained, for this long is closed.
+    /// receiver stays non-empty, with nothing drained, for this long is
+    /// closed.
     /// `None`: disabled (flag value 0).
     pub stuck_timeout: Option<Duration>,
 }
@@ -157,9 +159,10 @@ impl EngineFlags {
         );
         flags.add(
             "conn-queue-size",
-            "Bytes queued per proxied connection and direction. When the queue is full konn pauses \
-             reading from that connection's source only; other connections on the same tunnel keep \
-             flowing.",
+            "Queue size per proxied connection and direction. A connection whose queue grows past \
+             half of it is paused at its source (between konn peers) or slowed through HTTP/2 flow \
+             control (past four times it), never closed while it drains; other connections on the \
+             same tunnel keep flowing.",
             ByteSizeValue(DEFAULT_CONN_QUEUE_SIZE),
         );
         flags.add(
@@ -193,8 +196,8 @@ impl EngineFlags {
         flags.add_duration(
             "stuck-timeout",
             GoDuration::from_std(DEFAULT_STUCK_TIMEOUT),
-            "Close a proxied connection whose queue towards its receiver stays full, with nothing \
-             drained, for this long (for example an HTTP/2 stream whose window never reopens). 0 \
+            "Close a proxied connection whose queue towards its receiver is not empty and drains \
+             nothing for this long (for example an HTTP/2 stream whose window never reopens). 0 \
              disables.",
         );
         flags.set_section(previous);

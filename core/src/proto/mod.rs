@@ -7,7 +7,11 @@
 //!
 //! - [`h2`]: one HTTP/2 connection, client or server role.
 //! - [`grpc`]: gRPC streaming calls on top of an HTTP/2 connection.
+//! - [`flow`]: receive-side flow control of one proxied connection (credit
+//!   withholding, PAUSE/RESUME marks, stuck detection), shared by the
+//!   agent's tunnel and the server's router.
 
+pub mod flow;
 pub mod grpc;
 pub mod h2;
 

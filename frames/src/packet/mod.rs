@@ -41,6 +41,12 @@
 //!
 //! Deliberate differences:
 //!
+//! - konn's flow-control extension: `type` 100 (`PAUSE`) and 101 (`RESUME`)
+//!   with the oneof members 100 (`pause`) and 101 (`resume`), each a message
+//!   `{ int64 connectID = 1; }` (see [`Packet::Pause`]). An upstream decoder
+//!   skips fields 100/101 as unknown and rejects nothing; konn decodes them.
+//!   They are only ever sent to a peer that negotiated them
+//!   (docs/design/tunnel.md, "Flow control").
 //! - prost and Go treat `type` as an open enum and never compare it with the
 //!   payload. Here an unknown `type` is [`Error::UnknownPacketType`] and a
 //!   payload that is not the one `type` names is [`Error::PacketTypeMismatch`]
@@ -96,10 +102,15 @@ pub enum PacketType {
     DialCls = 5,
     /// `DRAIN` (6): the agent is shutting down; stop sending it new dials.
     Drain = 6,
+    /// `PAUSE` (100, konn extension): stop reading the source of a flow.
+    Pause = 100,
+    /// `RESUME` (101, konn extension): read the source of a flow again.
+    Resume = 101,
 }
 
 impl PacketType {
-    /// Every packet type, in wire-value order.
+    /// Upstream's packet types, in wire-value order (the `packet_type`
+    /// label values of the stream metrics; `ty as usize` indexes it).
     pub const ALL: [Self; 7] = [
         Self::DialReq,
         Self::DialRsp,
@@ -109,6 +120,15 @@ impl PacketType {
         Self::DialCls,
         Self::Drain,
     ];
+
+    /// konn's flow-control extension types (never sent to a peer that did
+    /// not negotiate them).
+    pub const EXTENSIONS: [Self; 2] = [Self::Pause, Self::Resume];
+
+    /// Whether this is one of konn's extension types.
+    pub const fn is_extension(self) -> bool {
+        matches!(self, Self::Pause | Self::Resume)
+    }
 
     /// The name in `client.proto` (`"DIAL_REQ"`, …), which upstream uses as
     /// a metric label value.
@@ -121,6 +141,8 @@ impl PacketType {
             Self::Data => "DATA",
             Self::DialCls => "DIAL_CLS",
             Self::Drain => "DRAIN",
+            Self::Pause => "PAUSE",
+            Self::Resume => "RESUME",
         }
     }
 
@@ -134,19 +156,31 @@ impl PacketType {
             Self::CloseRsp => 6,
             Self::DialCls => 7,
             Self::Drain => 8,
+            Self::Pause => PAUSE_FIELD,
+            Self::Resume => RESUME_FIELD,
         }
     }
 }
 
+/// Field number of the `pause` oneof member (konn extension).
+const PAUSE_FIELD: u32 = 100;
+/// Field number of the `resume` oneof member (konn extension).
+const RESUME_FIELD: u32 = 101;
+
 impl TryFrom<i32> for PacketType {
     type Error = Error;
 
-    /// Fails with [`Error::UnknownPacketType`] for values outside 0–6.
+    /// Fails with [`Error::UnknownPacketType`] for values outside 0–6 and
+    /// 100–101.
     fn try_from(ty: i32) -> Result<Self, Error> {
-        usize::try_from(ty)
-            .ok()
-            .and_then(|i| Self::ALL.get(i).copied())
-            .ok_or(Error::UnknownPacketType { ty })
+        match ty {
+            100 => Ok(Self::Pause),
+            101 => Ok(Self::Resume),
+            _ => usize::try_from(ty)
+                .ok()
+                .and_then(|i| Self::ALL.get(i).copied())
+                .ok_or(Error::UnknownPacketType { ty }),
+        }
     }
 }
 
@@ -213,6 +247,19 @@ pub enum Packet {
     },
     /// `DRAIN` with an (empty) `Drain`.
     Drain,
+    /// `PAUSE` with a `Pause` (konn extension, type 100, member 100): the
+    /// receiver of this flow's data has more than its high-water mark
+    /// queued; the sender stops reading this flow's source.
+    Pause {
+        /// The flow.
+        connect_id: i64,
+    },
+    /// `RESUME` with a `Resume` (konn extension, type 101, member 101): the
+    /// queue drained below the low-water mark; read the source again.
+    Resume {
+        /// The flow.
+        connect_id: i64,
+    },
 }
 
 impl Packet {
@@ -226,6 +273,8 @@ impl Packet {
             Self::Data { .. } => PacketType::Data,
             Self::DialCls { .. } => PacketType::DialCls,
             Self::Drain => PacketType::Drain,
+            Self::Pause { .. } => PacketType::Pause,
+            Self::Resume { .. } => PacketType::Resume,
         }
     }
 
@@ -244,7 +293,7 @@ impl Packet {
     /// Length of [`Packet::encode`]'s output.
     pub fn encoded_len(&self) -> usize {
         let ty = self.ty();
-        type_field_len(ty) + wire::message_field_len(body_len(&self.fields()))
+        type_field_len(ty) + wire::message_field_len(ty.payload_field(), body_len(&self.fields()))
     }
 
     /// Appends the protobuf encoding, byte-for-byte what prost produces.
@@ -261,12 +310,12 @@ impl Packet {
             head.byte(wire::key(TYPE_FIELD as u8, wire::VARINT));
             head.varint(ty as u64);
         }
-        head.len_prefix(ty.payload_field() as u8, body_len(&fields));
+        head.len_prefix(ty.payload_field(), body_len(&fields));
         for field in fields {
             match field {
                 Field::Int64(number, v) => head.int64_field(number, v),
                 Field::Bytes(number, v) if !v.is_empty() => {
-                    head.len_prefix(number, v.len());
+                    head.len_prefix(u32::from(number), v.len());
                     dst.put_slice(head.as_slice());
                     head = Scratch::new();
                     dst.put_slice(v);
@@ -319,6 +368,7 @@ impl Packet {
             } => [I(1, *connect_id), B(2, error.as_bytes()), B(3, data)],
             Self::DialCls { random } => [I(1, *random), N, N],
             Self::Drain => [N, N, N],
+            Self::Pause { connect_id } | Self::Resume { connect_id } => [I(1, *connect_id), N, N],
         }
     }
 }
@@ -375,7 +425,10 @@ const fn data_body_len(connect_id: i64, payload_len: usize) -> usize {
 /// The whole gRPC message is `data_header_len(..) + payload_len` bytes.
 pub const fn data_header_len(connect_id: i64, payload_len: usize) -> usize {
     let packet = type_field_len(PacketType::Data)
-        + wire::message_field_len(data_body_len(connect_id, payload_len));
+        + wire::message_field_len(
+            PacketType::Data.payload_field(),
+            data_body_len(connect_id, payload_len),
+        );
     GRPC_PREFIX_LEN + packet - payload_len
 }
 
@@ -392,12 +445,13 @@ pub const fn data_header_len(connect_id: i64, payload_len: usize) -> usize {
 /// If the message would be 4 GiB or larger (see [`Packet::encode_grpc`]).
 pub fn encode_data_header(connect_id: i64, payload_len: usize, dst: &mut impl BufMut) {
     let body = data_body_len(connect_id, payload_len);
-    let packet = type_field_len(PacketType::Data) + wire::message_field_len(body);
+    let packet = type_field_len(PacketType::Data)
+        + wire::message_field_len(PacketType::Data.payload_field(), body);
     let mut head = Scratch::new();
     grpc_prefix(&mut head, packet);
     head.byte(wire::key(TYPE_FIELD as u8, wire::VARINT));
     head.byte(PacketType::Data as u8);
-    head.len_prefix(PacketType::Data.payload_field() as u8, body);
+    head.len_prefix(PacketType::Data.payload_field(), body);
     head.int64_field(1, connect_id);
     if payload_len != 0 {
         head.len_prefix(3, payload_len);
@@ -475,7 +529,9 @@ const fn schema(member: u32) -> [Kind; 3] {
         5 => [Int64, Unknown, Unknown], // CloseRequest{connectID}
         6 => [Str, Int64, Unknown],     // CloseResponse{error, connectID}
         7 => [Int64, Unknown, Unknown], // CloseDial{random}
-        _ => [Unknown; 3],              // Drain{}
+        // konn extension: Pause{connectID}, Resume{connectID}
+        PAUSE_FIELD | RESUME_FIELD => [Int64, Unknown, Unknown],
+        _ => [Unknown; 3], // Drain{}
     }
 }
 
@@ -502,7 +558,7 @@ impl RawPacket {
                     // bits (prost and protobuf-go alike).
                     raw.ty = cursor.read_varint()? as i32;
                 }
-                2..=8 => {
+                2..=8 | PAUSE_FIELD | RESUME_FIELD => {
                     expect_wire_type(field, wire_type, wire::LEN)?;
                     let span = cursor.read_len()?;
                     if raw.member != field {
@@ -584,6 +640,8 @@ impl RawPacket {
             },
             PacketType::DialCls => Packet::DialCls { random: a.int },
             PacketType::Drain => Packet::Drain,
+            PacketType::Pause => Packet::Pause { connect_id: a.int },
+            PacketType::Resume => Packet::Resume { connect_id: a.int },
         })
     }
 }

@@ -115,12 +115,31 @@ fn packet_type_values_and_names() {
         assert_eq!(ty.name(), names[i]);
         assert_eq!(ty.to_string(), names[i]);
     }
-    for bad in [7, -1, i32::MIN, i32::MAX] {
+    for bad in [7, 99, 102, -1, -100, i32::MIN, i32::MAX] {
         assert_eq!(
             PacketType::try_from(bad),
             Err(Error::UnknownPacketType { ty: bad })
         );
     }
+}
+
+#[test]
+fn extension_types_are_far_from_upstreams() {
+    for (ty, value, name) in [
+        (PacketType::Pause, 100, "PAUSE"),
+        (PacketType::Resume, 101, "RESUME"),
+    ] {
+        assert!(ty.is_extension());
+        assert!(!PacketType::ALL.contains(&ty), "not a metric label value");
+        assert!(PacketType::EXTENSIONS.contains(&ty));
+        assert_eq!(i32::from(ty), value);
+        assert_eq!(PacketType::try_from(value), Ok(ty));
+        assert_eq!(ty.name(), name);
+        assert_eq!(ty.payload_field(), value as u32);
+    }
+    assert!(PacketType::ALL.iter().all(|t| !t.is_extension()));
+    assert_eq!(Packet::Pause { connect_id: 1 }.ty(), PacketType::Pause);
+    assert_eq!(Packet::Resume { connect_id: 1 }.ty(), PacketType::Resume);
 }
 
 #[test]
@@ -194,6 +213,72 @@ fn encodes_known_bytes() {
     assert_eq!(
         encode(&with_error),
         b"\x08\x04\x22\x08\x08\x03\x12\x01e\x1a\x01z"
+    );
+}
+
+#[test]
+fn encodes_extension_packets_to_known_bytes() {
+    // type 100; member 100 has the two-byte key (100 << 3 | 2) = 802 =
+    // 0xa2 0x06; body {1: connectID}.
+    assert_eq!(
+        encode(&Packet::Pause { connect_id: 1 }),
+        b"\x08\x64\xa2\x06\x02\x08\x01"
+    );
+    // type 101; key 810 = 0xaa 0x06; connectID 300.
+    assert_eq!(
+        encode(&Packet::Resume { connect_id: 300 }),
+        b"\x08\x65\xaa\x06\x03\x08\xac\x02"
+    );
+    // connectID 0 is left out; the member is still there.
+    assert_eq!(
+        encode(&Packet::Pause { connect_id: 0 }),
+        b"\x08\x64\xa2\x06\x00"
+    );
+    assert_eq!(
+        encode(&Packet::Resume { connect_id: -1 }),
+        b"\x08\x65\xaa\x06\x0b\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"
+    );
+    let mut framed = Vec::new();
+    Packet::Pause { connect_id: 1 }.encode_grpc(&mut framed);
+    assert_eq!(framed, b"\0\0\0\0\x07\x08\x64\xa2\x06\x02\x08\x01");
+}
+
+#[test]
+fn decodes_extension_packets_like_other_members() {
+    let m = Msg::new()
+        .varint(1, 100)
+        .msg(100, Msg::new().varint(1, 9).unknowns(20));
+    assert_eq!(m.decode(), Ok(Packet::Pause { connect_id: 9 }));
+    // Members merge and the last scalar wins, as everywhere.
+    let m = Msg::new()
+        .msg(101, Msg::new().varint(1, 1))
+        .varint(1, 101)
+        .msg(101, Msg::new().varint(1, 2));
+    assert_eq!(m.decode(), Ok(Packet::Resume { connect_id: 2 }));
+    // An absent payload is all defaults.
+    assert_eq!(
+        Msg::new().varint(1, 100).decode(),
+        Ok(Packet::Pause { connect_id: 0 })
+    );
+    // PAUSE's member under RESUME's type, and vice versa, are mismatches.
+    assert_eq!(
+        Msg::new().varint(1, 101).msg(100, Msg::new()).decode(),
+        Err(Error::PacketTypeMismatch {
+            ty: 101,
+            payload_field: 100
+        })
+    );
+    assert_eq!(
+        Msg::new().varint(1, 4).msg(101, Msg::new()).decode(),
+        Err(Error::PacketTypeMismatch {
+            ty: 4,
+            payload_field: 101
+        })
+    );
+    // Field 102 is not a member: skipped as unknown.
+    assert_eq!(
+        Msg::new().varint(1, 6).msg(102, Msg::new()).decode(),
+        Ok(Packet::Drain)
     );
 }
 
@@ -337,6 +422,10 @@ fn decodes_each_type() {
         },
         Packet::DialCls { random: 77 },
         Packet::Drain,
+        Packet::Pause { connect_id: 5 },
+        Packet::Resume {
+            connect_id: i64::MIN,
+        },
     ];
     for p in cases {
         let bytes = Bytes::from(encode(&p));
@@ -632,8 +721,8 @@ fn type_payload_mismatch() {
         })
     );
     // Every (type, member) pair other than the right one.
-    for ty in PacketType::ALL {
-        for member in 2..=8 {
+    for ty in PacketType::ALL.into_iter().chain(PacketType::EXTENSIONS) {
+        for member in (2..=8).chain([100, 101]) {
             let m = Msg::new().varint(1, ty as u64).msg(member, Msg::new());
             let expected = if member == ty.payload_field() {
                 Ok(ty)
@@ -695,7 +784,7 @@ fn wrong_wire_type_for_known_fields() {
     assert_eq!(Msg::new().fixed64(1).decode(), wrong(1, 1));
     assert_eq!(Msg::new().key(1, 3).key(1, 4).decode(), wrong(1, 3));
     // Oneof members must be length-delimited.
-    for member in 2..=8 {
+    for member in (2..=8).chain([100, 101]) {
         assert_eq!(Msg::new().varint(member, 0).decode(), wrong(member, 0));
         assert_eq!(Msg::new().fixed32(member).decode(), wrong(member, 5));
         assert_eq!(

@@ -210,10 +210,11 @@ pub(super) const fn bytes_field_len(len: usize) -> usize {
     }
 }
 
-/// Length of an embedded-message field with a body of `len` bytes: it is
-/// always emitted, even empty, because it is a oneof member.
-pub(super) const fn message_field_len(len: usize) -> usize {
-    1 + varint_len(len as u64) + len
+/// Length of embedded-message field `field` with a body of `len` bytes: it
+/// is always emitted, even empty, because it is a oneof member. The key is
+/// one byte for fields 1–15 and two for konn's extension members (100, 101).
+pub(super) const fn message_field_len(field: u32, len: usize) -> usize {
+    varint_len(((field as u64) << 3) | LEN as u64) + varint_len(len as u64) + len
 }
 
 /// The 1-byte key of field `field` (1–15) with wire type `wire_type`.
@@ -279,10 +280,10 @@ impl Scratch {
         }
     }
 
-    /// Appends the key and length of a length-delimited field (the caller
-    /// writes the contents).
-    pub(super) fn len_prefix(&mut self, field: u8, len: usize) {
-        self.byte(key(field, LEN));
+    /// Appends the key and length of length-delimited field `field` (any
+    /// number; the caller writes the contents).
+    pub(super) fn len_prefix(&mut self, field: u32, len: usize) {
+        self.varint((u64::from(field) << 3) | u64::from(LEN));
         self.varint(len as u64);
     }
 
@@ -432,6 +433,10 @@ mod tests {
         assert_eq!(bytes_field_len(0), 0);
         assert_eq!(bytes_field_len(3), 5);
         assert_eq!(bytes_field_len(128), 131);
-        assert_eq!(message_field_len(0), 2);
+        assert_eq!(message_field_len(4, 0), 2);
+        assert_eq!(message_field_len(15, 200), 203);
+        // konn's extension members have two-byte keys.
+        assert_eq!(message_field_len(100, 2), 5);
+        assert_eq!(message_field_len(101, 0), 3);
     }
 }

@@ -8,6 +8,7 @@ use konn_frames::packet::{ByteStr, Packet};
 
 use super::*;
 use crate::backends::{Directory, Identifiers, Strategy};
+use konn_core::proto::flow::FlowLimits;
 
 fn t0() -> Instant {
     static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -69,7 +70,8 @@ fn from_frontend(r: &mut Router, now: Instant, fid: FrontendId, p: Packet) {
 /// Send a packet from a backend.
 fn from_backend(r: &mut Router, now: Instant, bid: BackendId, p: Packet) {
     let f = framed(&p);
-    r.backend_packet(now, bid, p, f);
+    let credit = r.backend_packet(now, bid, p, f, 0);
+    assert_eq!(credit, 0);
 }
 
 fn to_frontend_packets(acts: &[Action]) -> Vec<(FrontendId, Packet)> {
@@ -603,7 +605,7 @@ fn connect_error_responses_are_upstreams() {
         r.connect_request(t0(), 21, "a:1", 2, 0);
         actions(&mut r);
         let f = framed(&dial_rsp(2, 0, "x"));
-        r.backend_packet(
+        let _ = r.backend_packet(
             t0(),
             1,
             Packet::DialRsp {
@@ -612,6 +614,7 @@ fn connect_error_responses_are_upstreams() {
                 random: 2,
             },
             f,
+            0,
         );
         assert_eq!(
             text(&actions(&mut r)),
@@ -643,4 +646,301 @@ fn dial_error_status_mapping() {
     assert_eq!(dial_error_status("Connection Refused"), 502);
     assert_eq!(dial_error_status("tls: bad certificate"), 502);
     assert_eq!(dial_error_status("something else"), 502);
+}
+
+// ----- flow control ---------------------------------------------------------
+
+/// Small marks so a few packets cross them: low 100, high 400, limit 1000,
+/// cap 5000, stuck after 10 s. Backend 1 (`negotiated`: konn's extension),
+/// frontend `fid` of `kind` with connection 7 established.
+fn flow_router(negotiated: bool, kind: FrontendKind, fid: FrontendId) -> Router {
+    let mut r = Router::new(
+        RouterConfig {
+            flow: FlowLimits {
+                low: 100,
+                high: 400,
+                limit: 1000,
+                cap: 5000,
+                stuck_timeout: Duration::from_secs(10),
+            },
+            ..RouterConfig::default()
+        },
+        Directory::new(vec![Strategy::Default]),
+    );
+    with_agent(&mut r, 1);
+    r.set_flow_control(1, negotiated);
+    r.frontend_opened(fid, kind);
+    match kind {
+        FrontendKind::Grpc => from_frontend(&mut r, t0(), fid, dial_req(42)),
+        FrontendKind::HttpConnect => r.connect_request(t0(), fid, "a:1", 42, 0),
+    }
+    from_backend(&mut r, t0(), 1, dial_rsp(42, 7, ""));
+    actions(&mut r);
+    r
+}
+
+fn at(secs: u64) -> Instant {
+    t0() + Duration::from_secs(secs)
+}
+
+/// DATA for connection 7 from backend 1 with `len` payload bytes and
+/// `len + 10` bytes of credit; returns (credit released now, actions).
+fn agent_data(r: &mut Router, now: Instant, len: usize) -> (usize, Vec<Action>) {
+    let p = Packet::Data {
+        connect_id: 7,
+        error: ByteStr::new(),
+        data: Bytes::from(vec![1u8; len]),
+    };
+    let f = framed(&p);
+    let now_credit = r.backend_packet(now, 1, p, f, len + 10);
+    (now_credit, actions(r))
+}
+
+fn released_later(acts: &[Action]) -> usize {
+    acts.iter()
+        .map(|a| match a {
+            Action::ReleaseBackend { backend: 1, credit } => *credit,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn pauses(acts: &[Action]) -> Vec<Packet> {
+    to_backend_packets(acts)
+        .into_iter()
+        .filter(|(_, p)| p.ty().is_extension())
+        .map(|(b, p)| {
+            assert_eq!(b, 1);
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn grpc_frontend_pause_at_high_water_resume_at_low_water_once_each() {
+    let mut r = flow_router(true, FrontendKind::Grpc, 10);
+    let mut paused = Vec::new();
+    for _ in 0..3 {
+        // 200 payload bytes are 215 framed bytes in the stream queue.
+        let (credit, acts) = agent_data(&mut r, at(0), 200);
+        assert_eq!(credit, 210, "under the limit: credit goes back at once");
+        assert_eq!(to_frontend_packets(&acts).len(), 1, "forwarded");
+        paused.extend(pauses(&acts));
+    }
+    assert_eq!(paused, vec![Packet::Pause { connect_id: 7 }], "one PAUSE");
+    assert_eq!(r.frontend_queued(10), Some(645));
+    // The IO layer measures the stream's send queue as it drains.
+    r.frontend_level(at(1), 10, 300);
+    assert!(actions(&mut r).is_empty(), "above the low mark");
+    r.frontend_level(at(1), 10, 100);
+    assert_eq!(
+        pauses(&actions(&mut r)),
+        vec![Packet::Resume { connect_id: 7 }]
+    );
+    r.frontend_level(at(1), 10, 0);
+    assert!(actions(&mut r).is_empty(), "one RESUME");
+}
+
+#[test]
+fn without_negotiation_no_pause_but_credit_withheld_and_released_on_drain() {
+    let mut r = flow_router(false, FrontendKind::Grpc, 10);
+    let (mut now_credit, mut withheld) = (0, 0);
+    for _ in 0..8 {
+        let (credit, acts) = agent_data(&mut r, at(0), 200);
+        assert!(pauses(&acts).is_empty(), "a Go agent never sees PAUSE");
+        assert_eq!(to_frontend_packets(&acts).len(), 1, "never dropped");
+        now_credit += credit;
+        withheld += 210 - credit;
+    }
+    assert_eq!(r.frontend_queued(10), Some(8 * 215));
+    assert_eq!(now_credit, 4 * 210, "four fit under the limit of 1000");
+    assert_eq!(withheld, 4 * 210);
+    r.frontend_level(at(1), 10, 1000);
+    assert_eq!(
+        released_later(&actions(&mut r)),
+        0,
+        "at the limit, not under"
+    );
+    r.frontend_level(at(1), 10, 900);
+    assert_eq!(released_later(&actions(&mut r)), 100);
+    r.frontend_level(at(1), 10, 0);
+    assert_eq!(released_later(&actions(&mut r)), withheld - 100);
+    assert_eq!(r.stats().established, 1, "slow is not closed");
+}
+
+#[test]
+fn stuck_grpc_frontend_is_closed_and_its_credit_released() {
+    let mut r = flow_router(false, FrontendKind::Grpc, 10);
+    let withheld: usize = (0..6).map(|_| 210 - agent_data(&mut r, at(0), 200).0).sum();
+    assert_eq!(withheld, 2 * 210);
+    assert_eq!(r.poll_timeout(), Some(at(10)));
+    r.handle_timeout(at(9));
+    assert!(actions(&mut r).is_empty());
+    r.frontend_level(at(9), 10, 1200);
+    actions(&mut r);
+    assert_eq!(
+        r.poll_timeout(),
+        Some(at(19)),
+        "progress restarts the clock"
+    );
+    r.handle_timeout(at(18));
+    assert!(actions(&mut r).is_empty(), "slow is not stuck");
+    r.handle_timeout(at(19));
+    let acts = actions(&mut r);
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![(1, Packet::CloseReq { connect_id: 7 })]
+    );
+    assert_eq!(
+        to_frontend_packets(&acts),
+        vec![(
+            10,
+            Packet::CloseRsp {
+                error: ByteStr::from_static(FRONTEND_STUCK),
+                connect_id: 7
+            }
+        )]
+    );
+    assert_eq!(released_later(&acts), withheld);
+    assert_eq!(r.stats().established, 0);
+    assert_eq!(r.poll_timeout(), None);
+    // Its stream still holds what was queued: no second close.
+    r.frontend_level(at(20), 10, 1300);
+    assert_eq!(r.poll_timeout(), None);
+    // Data still in flight: answered with CLOSE_REQ, credit back at once.
+    let (credit, acts) = agent_data(&mut r, at(20), 5);
+    assert_eq!(credit, 15);
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![(1, Packet::CloseReq { connect_id: 7 })]
+    );
+}
+
+#[test]
+fn connect_frontend_pauses_and_a_stuck_one_is_aborted() {
+    let mut r = flow_router(true, FrontendKind::HttpConnect, 20);
+    let (credit, acts) = agent_data(&mut r, at(0), 500);
+    assert_eq!(credit, 510);
+    assert!(
+        acts.iter()
+            .any(|a| matches!(a, Action::ConnectData { frontend: 20, .. }))
+    );
+    assert_eq!(pauses(&acts), vec![Packet::Pause { connect_id: 7 }]);
+    // The relay wrote some of it.
+    r.frontend_level(at(5), 20, 50);
+    assert_eq!(
+        pauses(&actions(&mut r)),
+        vec![Packet::Resume { connect_id: 7 }]
+    );
+    r.handle_timeout(at(14));
+    assert!(actions(&mut r).is_empty());
+    r.handle_timeout(at(15));
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::AbortFrontend { frontend: 20 }));
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![(1, Packet::CloseReq { connect_id: 7 })]
+    );
+    assert_eq!(
+        r.stats(),
+        RouterStats {
+            backends: 1,
+            ..RouterStats::default()
+        }
+    );
+}
+
+#[test]
+fn pause_from_the_agent_holds_frontend_credit_until_resume() {
+    let mut r = flow_router(true, FrontendKind::Grpc, 10);
+    assert_eq!(r.frontend_credit(10, 100), 100);
+    from_backend(&mut r, at(0), 1, Packet::Pause { connect_id: 7 });
+    assert_eq!(
+        actions(&mut r),
+        vec![Action::PauseFrontend { frontend: 10 }]
+    );
+    assert!(r.frontend_paused(10));
+    from_backend(&mut r, at(0), 1, Packet::Pause { connect_id: 7 });
+    assert!(actions(&mut r).is_empty(), "already paused");
+    assert_eq!(r.frontend_credit(10, 100), 0);
+    assert_eq!(r.frontend_credit(10, 50), 0);
+    // Its data still goes to the agent (PAUSE is about reading).
+    from_frontend(&mut r, at(0), 10, data(7, b"x"));
+    assert_eq!(to_backend_packets(&actions(&mut r)).len(), 1);
+    from_backend(&mut r, at(1), 1, Packet::Resume { connect_id: 7 });
+    assert_eq!(
+        actions(&mut r),
+        vec![Action::ResumeFrontend {
+            frontend: 10,
+            credit: 150
+        }]
+    );
+    assert_eq!(r.frontend_credit(10, 100), 100);
+    from_backend(&mut r, at(1), 1, Packet::Resume { connect_id: 7 });
+    assert!(actions(&mut r).is_empty(), "not paused");
+    // A flow that closed meanwhile: ignored.
+    from_backend(&mut r, at(1), 1, Packet::Pause { connect_id: 99 });
+    assert!(actions(&mut r).is_empty());
+    // Paused when the agent goes away: the held credit comes back.
+    from_backend(&mut r, at(2), 1, Packet::Pause { connect_id: 7 });
+    actions(&mut r);
+    assert_eq!(r.frontend_credit(10, 70), 0);
+    r.backend_gone(1);
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::ResumeFrontend {
+        frontend: 10,
+        credit: 70
+    }));
+    assert!(!r.frontend_paused(10));
+    // And an agent's CLOSE_RSP for a paused flow does the same.
+    let mut r = flow_router(true, FrontendKind::Grpc, 10);
+    from_backend(&mut r, at(0), 1, Packet::Pause { connect_id: 7 });
+    actions(&mut r);
+    assert_eq!(r.frontend_credit(10, 30), 0);
+    from_backend(
+        &mut r,
+        at(0),
+        1,
+        Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 7,
+        },
+    );
+    assert!(actions(&mut r).contains(&Action::ResumeFrontend {
+        frontend: 10,
+        credit: 30
+    }));
+}
+
+#[test]
+fn extension_packets_from_an_unnegotiated_agent_are_ignored() {
+    let mut r = flow_router(false, FrontendKind::Grpc, 10);
+    for p in [
+        Packet::Pause { connect_id: 7 },
+        Packet::Resume { connect_id: 7 },
+    ] {
+        let f = framed(&p);
+        assert_eq!(r.backend_packet(at(0), 1, p, f, 33), 33, "credit back");
+        assert!(actions(&mut r).is_empty());
+    }
+    assert!(!r.frontend_paused(10));
+    assert_eq!(r.frontend_credit(10, 100), 100);
+}
+
+#[test]
+fn every_other_agent_packet_returns_its_credit() {
+    let mut r = flow_router(true, FrontendKind::Grpc, 10);
+    for p in [
+        Packet::Drain,
+        dial_rsp(999, 0, "late"),
+        Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 55,
+        },
+        data(55, b"unknown connection"),
+        Packet::DialCls { random: 1234 },
+    ] {
+        let f = framed(&p);
+        assert_eq!(r.backend_packet(at(0), 1, p, f, 21), 21);
+    }
 }
