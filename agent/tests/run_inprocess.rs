@@ -166,9 +166,13 @@ fn reconnects_after_a_server_restart() {
     for engine in available_engines() {
         let dir = TempDir::new("restart");
         let mut first = ServerSpec::new(engine, &dir, "first").start();
-        let lb = LoadBalancer::start(vec![first.agent_addr()]);
-        let agent =
-            run::start(agent_settings(engine, lb.addr.to_string(), "agent-restart")).unwrap();
+        let lb = LoadBalancer::start(vec![first.agent_addr()]).unwrap();
+        let agent = run::start(agent_settings(
+            engine,
+            lb.addr().to_string(),
+            "agent-restart",
+        ))
+        .unwrap();
         assert!(wait_until(T, || first.backends() == 1 && agent.is_ready()));
         assert_eq!(agent.status().attempts, 1);
 

@@ -7,12 +7,14 @@
 //! - [`dest`]: destinations (echo, HTTP) on plain threads.
 //! - [`frontend`]: a konnectivity-client-like gRPC frontend client.
 //! - [`procs`]: running the real binaries as child processes.
+//! - [`relay`]: a TCP load balancer whose connections can be cut.
 //! - `src/bin/konn-demo.rs`: the README's demo.
 
 pub mod dest;
 pub mod frontend;
 pub mod pki;
 pub mod procs;
+pub mod relay;
 
 /// SHA-256 of `data`, as lower-case hex.
 pub fn sha256_hex(data: &[u8]) -> String {
