@@ -143,6 +143,29 @@ pub struct GrpcFrontend {
     next_random: Cell<i64>,
 }
 
+/// A fresh dial id for a new connection. konnectivity-client draws each
+/// one at random (`rand.Int63()`), and proxy-server keys pending dials by
+/// it across all frontends, so two connections must not count from the
+/// same start.
+fn first_random() -> i64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .map_or(0, |d| d.as_nanos() as u64);
+    // splitmix64 of a per-process sequence, time and pid.
+    let mut z = NEXT
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_add(nanos)
+        .wrapping_add(u64::from(std::process::id()) << 32)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    // Positive, non-zero, with room to count up (Int63 range).
+    ((z >> 2) | 1) as i64
+}
+
 /// How long [`GrpcFrontend::close`] waits for a graceful end.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -166,7 +189,7 @@ impl GrpcFrontend {
             h,
             task,
             closed,
-            next_random: Cell::new(1),
+            next_random: Cell::new(first_random()),
         }
     }
 
