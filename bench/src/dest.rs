@@ -215,9 +215,22 @@ impl Unresponsive {
     ///
     /// The socket cannot be set up, or the queue never fills.
     pub fn start() -> std::io::Result<Self> {
+        Self::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// [`Unresponsive::start`] on `ip` (a loopback address).
+    ///
+    /// # Errors
+    ///
+    /// As [`Unresponsive::start`].
+    pub fn start_on(ip: IpAddr) -> std::io::Result<Self> {
         use socket2::{Domain, Protocol, Socket, Type};
-        let l = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
-        l.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())?;
+        let l = Socket::new(
+            Domain::for_address(SocketAddr::new(ip, 0)),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        l.bind(&SocketAddr::new(ip, 0).into())?;
         l.listen(0)?;
         let addr = l
             .local_addr()?

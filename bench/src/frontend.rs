@@ -251,11 +251,22 @@ impl GrpcFrontend {
                 connect_id,
                 ..tunnel
             }),
-            Packet::DialRsp { error, .. } => Err(FrontendError::DialFailed(error.to_string())),
+            Packet::DialRsp { error, .. } => {
+                // The call is over (konnectivity-client closes its tunnel).
+                let _ = tunnel.h.with(|g, _| g.close_send(tunnel.id));
+                Err(FrontendError::DialFailed(error.to_string()))
+            }
             other => Err(FrontendError::Protocol(format!(
                 "expected DIAL_RSP, got {other:?}"
             ))),
         }
+    }
+
+    /// Cut the connection at once, as a kube-apiserver that dies would:
+    /// no CLOSE_REQ, no GOAWAY; waits until its task has ended.
+    pub async fn abort(self) {
+        self.h.abort();
+        let _ = self.task.await;
     }
 
     /// Close the connection and wait until its task has ended (GOAWAY
@@ -350,7 +361,9 @@ impl Tunnel {
     }
 
     /// The next bytes from the destination; `Ok(None)` once the server
-    /// closed the connection (`CLOSE_RSP`). Waits at most `timeout`.
+    /// closed the connection (`CLOSE_RSP`; the call is then ended), or
+    /// [`FrontendError::Closed`] with the error a `CLOSE_RSP` carried.
+    /// Waits at most `timeout`.
     pub async fn read(&self, timeout: Duration) -> Result<Option<Bytes>, FrontendError> {
         if let Some(b) = self.pending.borrow_mut().take() {
             return Ok(Some(b));
@@ -369,8 +382,15 @@ impl Tunnel {
                         return Ok(Some(data));
                     }
                 }
-                Packet::CloseRsp { .. } => {
+                Packet::CloseRsp { error, .. } => {
+                    // The connection is over: end the call, as
+                    // konnectivity-client ends its tunnel on CLOSE_RSP
+                    // (the server keeps the stream until then).
                     self.eof.set(true);
+                    let _ = self.h.with(|g, _| g.close_send(self.id));
+                    if !error.is_empty() {
+                        return Err(FrontendError::Closed(error.to_string()));
+                    }
                     return Ok(None);
                 }
                 other => {
