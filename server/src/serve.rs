@@ -326,6 +326,7 @@ async fn worker_main(
     let stop = listen_stop.token();
     let worker_stop = ctx.stop_token().clone();
     serve_http(&worker, &listeners, &stop);
+    worker.spawn(expire_dials(worker.clone()));
 
     // Agent port.
     if let Some(l) = listeners
@@ -414,6 +415,43 @@ async fn worker_main(
             left,
             "connections still open when the worker stopped"
         );
+    }
+}
+
+/// Fails the dials that passed their deadline (`--backend-dial-timeout`,
+/// never unbounded in konn): sleeps until the router's earliest deadline,
+/// woken earlier when a sooner one appears (`Worker::publish`); ends when
+/// the worker stops.
+async fn expire_dials(worker: Rc<Worker>) {
+    loop {
+        if worker.stopped.get() {
+            return;
+        }
+        let due = worker.router.borrow().poll_timeout();
+        worker.dial_timer_at.set(due);
+        let sleep = async {
+            match due {
+                Some(at) => monoio::time::sleep_until(monoio::time::Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+        };
+        match race(
+            race(sleep, worker.dial_timer.notified()),
+            worker.stopping.wait(),
+        )
+        .await
+        {
+            Either::Left(Either::Left(())) => {
+                worker
+                    .router
+                    .borrow_mut()
+                    .handle_timeout(konn_core::io::clock::now());
+                worker.apply();
+                worker.publish();
+            }
+            Either::Left(Either::Right(())) => {} // an earlier deadline
+            Either::Right(()) => return,
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
-use konn_core::io::notify::Broadcast;
+use konn_core::io::notify::{Broadcast, Notify};
 use konn_core::io::pool::BufPool;
 use konn_core::proto::grpc::Grpc;
 use konn_frames::GrpcStatus;
@@ -163,7 +163,7 @@ pub struct TaskCount {
     /// Tasks not yet ended.
     pub live: Cell<usize>,
     /// Notified whenever a task ends.
-    pub ended: konn_core::io::notify::Notify,
+    pub ended: Notify,
 }
 
 /// Counts a task as ended when dropped (also when the task is cancelled).
@@ -240,6 +240,11 @@ pub struct Worker {
     /// This core's (pending dials, established connections) as last added
     /// to the process-wide counters in [`Shared`].
     published: Cell<(usize, usize)>,
+    /// Wakes the dial-deadline task (`serve::expire_dials`) when a dial
+    /// is due earlier than the deadline it sleeps until.
+    pub dial_timer: Notify,
+    /// The deadline that task sleeps until (`None`: no pending dial).
+    pub dial_timer_at: Cell<Option<std::time::Instant>>,
 }
 
 impl Worker {
@@ -273,6 +278,8 @@ impl Worker {
             all_metrics,
             forwarding: Cell::new(PacketType::Data),
             published: Cell::new((0, 0)),
+            dial_timer: Notify::new(),
+            dial_timer_at: Cell::new(None),
         }
     }
 
@@ -449,6 +456,12 @@ impl Worker {
                 .fetch_add(delta(now.1, before.1), Ordering::Relaxed);
         }
         router.publish_loads();
+        // A new dial may be due before the deadline task wakes up.
+        if let Some(due) = router.poll_timeout()
+            && self.dial_timer_at.get().is_none_or(|at| due < at)
+        {
+            self.dial_timer.notify();
+        }
     }
 
     fn connect_frontend(&self, id: FrontendId) -> Option<Rc<ConnectFrontend>> {

@@ -1,0 +1,202 @@
+//! Acceptance: failures, seen from the frontend, in both frontend modes
+//! and under each io engine.
+//!
+//! - A dial that fails ends with upstream's DIAL_RSP error text (gRPC) or
+//!   upstream's HTTP status and body (CONNECT): refused, unknown host,
+//!   the agent's dial timeout, the server's backend dial timeout, no agent.
+//!
+//! Each scenario ends with the leak check of `e2e_common::assert_idle`.
+
+mod e2e_common;
+
+use std::time::Duration;
+
+use e2e_common::*;
+use konn_bench::connect::ConnectError;
+use konn_bench::dest::Unresponsive;
+use konn_bench::frontend::FrontendError;
+use konn_core::io::runtime::{available_engines, block_on};
+use konn_server::settings::Mode;
+
+const MODES: [Mode; 2] = [Mode::Grpc, Mode::HttpConnect];
+
+/// What a frontend gets for a failed dial: the DIAL_RSP error (gRPC), or
+/// the whole HTTP answer (CONNECT).
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    Dial(String),
+    Http(u16, String),
+}
+
+/// Dial `target` through the server; the failure (a success fails the test).
+async fn dial_failure(mode: Mode, frontend: &FrontendAddr, target: &str) -> Failure {
+    dial_failure_at(mode, frontend, target).await.0
+}
+
+/// [`dial_failure`], and when the frontend had it.
+async fn dial_failure_at(
+    mode: Mode,
+    frontend: &FrontendAddr,
+    target: &str,
+) -> (Failure, std::time::Instant) {
+    match mode {
+        Mode::Grpc => {
+            let fe = frontend.grpc().await.unwrap();
+            let r = fe.dial(target, T).await;
+            let at = konn_core::io::clock::now();
+            fe.close().await;
+            match r {
+                Err(FrontendError::DialFailed(e)) => (Failure::Dial(e), at),
+                Err(e) => panic!("dial {target}: {e}"),
+                Ok(_) => panic!("dial {target} succeeded"),
+            }
+        }
+        Mode::HttpConnect => match frontend.connect(target).await {
+            Err(ConnectError::Refused { status, response }) => {
+                (Failure::Http(status, response), konn_core::io::clock::now())
+            }
+            Err(e) => panic!("CONNECT {target}: {e}"),
+            Ok(_) => panic!("CONNECT {target} succeeded"),
+        },
+    }
+}
+
+/// The answer proxy-server writes for an agent's dial error (Go's
+/// `http.Response.Write`, status from `mapDialErrorToHTTPStatus`).
+fn dial_error_answer(status: &str, error: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{error}"
+    )
+}
+
+fn closed_port() -> u16 {
+    konn_bench::procs::free_port()
+}
+
+/// Refused, unknown host, the agent's dial timeout, no agent: the error
+/// texts of Go's dialer in DIAL_RSP, and upstream's CONNECT answers (502,
+/// 502, 504, 500).
+#[test]
+fn dial_failures_map_to_upstream_errors_and_statuses() {
+    let _serial = serial();
+    let hole = Unresponsive::start().unwrap();
+    for engine in available_engines() {
+        for mode in MODES {
+            let what = format!("{mode:?} on {engine}");
+            let before = open_fds();
+            let dir = TempDir::new("dialfail");
+            let mut server = ServerSpec::new(engine, mode, Transport::Unix, &dir).start();
+            let mut agent = server.agent_with("agent-f", "", None, |s| {
+                s.connect.settings.dial_timeout = Duration::from_millis(300);
+            });
+            wait_backends(&server, 1);
+            let idle = Idle::take();
+            let frontend = server.frontend();
+            let refused = format!("127.0.0.1:{}", closed_port());
+            let refused_text = format!("dial tcp {refused}: connect: connection refused");
+            let unknown_text = "dial tcp: lookup nowhere.invalid: no such host";
+            let silent = hole.addr().to_string();
+            let timeout_text = format!("dial tcp {silent}: i/o timeout");
+            block_on(engine, async {
+                let got = dial_failure(mode, &frontend, &refused).await;
+                let unknown = dial_failure(mode, &frontend, "nowhere.invalid:80").await;
+                let timeout = dial_failure(mode, &frontend, &silent).await;
+                match mode {
+                    Mode::Grpc => {
+                        assert_eq!(got, Failure::Dial(refused_text.clone()));
+                        assert_eq!(unknown, Failure::Dial(unknown_text.into()));
+                        assert_eq!(timeout, Failure::Dial(timeout_text.clone()));
+                    }
+                    Mode::HttpConnect => {
+                        let answer = |status, text| {
+                            Failure::Http(
+                                status,
+                                dial_error_answer(
+                                    if status == 502 {
+                                        "502 Bad Gateway"
+                                    } else {
+                                        "504 Gateway Timeout"
+                                    },
+                                    text,
+                                ),
+                            )
+                        };
+                        assert_eq!(got, answer(502, &refused_text));
+                        assert_eq!(unknown, answer(502, unknown_text));
+                        assert_eq!(timeout, answer(504, &timeout_text));
+                    }
+                }
+            })
+            .unwrap();
+            assert_idle(&server, &[&agent], idle, &what);
+
+            // No agent at all.
+            agent.stop();
+            wait_backends(&server, 0);
+            block_on(engine, async {
+                let got = dial_failure(mode, &frontend, &refused).await;
+                let want = match mode {
+                    Mode::Grpc => Failure::Dial("No agent available".into()),
+                    Mode::HttpConnect => Failure::Http(
+                        500,
+                        "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: No agent available".into(),
+                    ),
+                };
+                assert_eq!(got, want);
+            })
+            .unwrap();
+            assert_idle(&server, &[], idle, &what);
+            server.stop();
+            drop(dir);
+            assert_fds_back_to(before, &format!("{what}, stopped"));
+        }
+    }
+}
+
+/// `--backend-dial-timeout`: an agent that does not answer a dial in time
+/// fails it with upstream's text (gRPC) or 504 and upstream's body
+/// (CONNECT), and the agent is told to give the dial up (DIAL_CLS), so
+/// nothing is left dialling.
+#[test]
+fn backend_dial_timeout_fails_the_dial_and_cancels_it_on_the_agent() {
+    let _serial = serial();
+    let hole = Unresponsive::start().unwrap();
+    for engine in available_engines() {
+        for mode in MODES {
+            let what = format!("{mode:?} on {engine}");
+            let before = open_fds();
+            let dir = TempDir::new("backendtimeout");
+            let mut server = ServerSpec {
+                tweak: Some(Box::new(|s| {
+                    s.router.dial_timeout = Duration::from_millis(300)
+                })),
+                ..ServerSpec::new(engine, mode, Transport::Unix, &dir)
+            }
+            .start();
+            // The agent would wait far longer than the leak check does.
+            let mut agent = server.agent_with("agent-slow", "", None, |s| {
+                s.connect.settings.dial_timeout = Duration::from_secs(600);
+            });
+            wait_backends(&server, 1);
+            let idle = Idle::take();
+            let frontend = server.frontend();
+            let silent = hole.addr().to_string();
+            let got = block_on(engine, dial_failure(mode, &frontend, &silent)).unwrap();
+            let want = match mode {
+                Mode::Grpc => Failure::Dial("timed out waiting for backend dial".into()),
+                Mode::HttpConnect => Failure::Http(
+                    504,
+                    "HTTP/1.1 504 Gateway Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nBackend dial timeout: timed out waiting for backend dial\r\n".into(),
+                ),
+            };
+            assert_eq!(got, want, "{what}");
+            // The agent's dialling socket is gone too (it counts in the
+            // descriptors), long before its own timeout.
+            assert_idle(&server, &[&agent], idle, &what);
+            agent.stop();
+            server.stop();
+            drop(dir);
+            assert_fds_back_to(before, &format!("{what}, stopped"));
+        }
+    }
+}
