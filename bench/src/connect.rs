@@ -84,11 +84,29 @@ fn io_err(e: impl std::fmt::Display) -> ConnectError {
     ConnectError::Io(e.to_string())
 }
 
+/// A CONNECT request sent, its answer not read yet: bytes written now
+/// reach the proxy while it is still dialling.
+pub struct Requested(ConnectTunnel);
+
+impl Requested {
+    /// Send more bytes behind the request.
+    pub async fn write(&mut self, data: &[u8]) -> Result<(), ConnectError> {
+        self.0.write(data).await
+    }
+
+    /// Read the answer: the tunnel after a 200, or the refusal.
+    pub async fn answer(self, timeout: Duration) -> Result<ConnectTunnel, ConnectError> {
+        self.0.answer(timeout).await
+    }
+}
+
 impl ConnectTunnel {
     /// CONNECT to `target` (`host:port`) through the proxy's Unix socket.
     pub async fn unix(path: &Path, target: &str, timeout: Duration) -> Result<Self, ConnectError> {
-        let sock = UnixStream::connect(path).await.map_err(io_err)?;
-        Self::open(Stream::Unix(sock), target, timeout).await
+        Self::request_unix(path, target)
+            .await?
+            .answer(timeout)
+            .await
     }
 
     /// CONNECT to `target` through the proxy's TCP port with TLS (`tls`
@@ -99,13 +117,31 @@ impl ConnectTunnel {
         target: &str,
         timeout: Duration,
     ) -> Result<Self, ConnectError> {
+        Self::request_tls(addr, tls, target)
+            .await?
+            .answer(timeout)
+            .await
+    }
+
+    /// Send the CONNECT request over the Unix socket; answer later.
+    pub async fn request_unix(path: &Path, target: &str) -> Result<Requested, ConnectError> {
+        let sock = UnixStream::connect(path).await.map_err(io_err)?;
+        Self::request(Stream::Unix(sock), target).await
+    }
+
+    /// Send the CONNECT request over TCP with TLS; answer later.
+    pub async fn request_tls(
+        addr: &str,
+        tls: &ClientTls,
+        target: &str,
+    ) -> Result<Requested, ConnectError> {
         let sock = TcpStream::connect(addr).await.map_err(io_err)?;
         let _ = sock.set_nodelay(true);
         let stream = TlsStream::connect(sock, tls).await.map_err(io_err)?;
-        Self::open(Stream::Tls(Box::new(stream)), target, timeout).await
+        Self::request(Stream::Tls(Box::new(stream)), target).await
     }
 
-    async fn open(stream: Stream, target: &str, timeout: Duration) -> Result<Self, ConnectError> {
+    async fn request(stream: Stream, target: &str) -> Result<Requested, ConnectError> {
         let mut t = Self {
             stream,
             pending: None,
@@ -113,6 +149,10 @@ impl ConnectTunnel {
         };
         let req = format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         t.write(req.as_bytes()).await?;
+        Ok(Requested(t))
+    }
+
+    async fn answer(mut self, timeout: Duration) -> Result<Self, ConnectError> {
         let deadline = monoio::time::Instant::now() + timeout;
         let mut head = Vec::new();
         let end = loop {
@@ -122,7 +162,7 @@ impl ConnectTunnel {
             if head.len() > MAX_HEAD {
                 return Err(ConnectError::Closed("response head too large".into()));
             }
-            match monoio::time::timeout_at(deadline, t.read_raw()).await {
+            match monoio::time::timeout_at(deadline, self.read_raw()).await {
                 Err(_) => return Err(ConnectError::Timeout("the CONNECT response")),
                 Ok(Err(e)) => return Err(e),
                 Ok(Ok(None)) => {
@@ -140,13 +180,13 @@ impl ConnectTunnel {
             .unwrap_or(0);
         if status == 200 {
             if end < head.len() {
-                t.pending = Some(Bytes::copy_from_slice(&head[end..]));
+                self.pending = Some(Bytes::copy_from_slice(&head[end..]));
             }
-            return Ok(t);
+            return Ok(self);
         }
         // The rest of the answer, up to the close.
         loop {
-            match monoio::time::timeout_at(deadline, t.read_raw()).await {
+            match monoio::time::timeout_at(deadline, self.read_raw()).await {
                 Ok(Ok(Some(b))) if head.len() <= MAX_HEAD => head.extend_from_slice(&b),
                 _ => break,
             }

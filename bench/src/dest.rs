@@ -204,8 +204,9 @@ impl Drop for Destination {
 /// until its own timeout. Dropping it closes the listener.
 pub struct Unresponsive {
     addr: SocketAddr,
-    _listener: socket2::Socket,
-    _queued: Vec<TcpStream>,
+    listener: Option<socket2::Socket>,
+    queued: Vec<TcpStream>,
+    echo: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
 impl Unresponsive {
@@ -244,8 +245,9 @@ impl Unresponsive {
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                     return Ok(Self {
                         addr,
-                        _listener: l,
-                        _queued: queued,
+                        listener: Some(l),
+                        queued,
+                        echo: None,
                     });
                 }
                 Err(e) => return Err(e),
@@ -259,5 +261,56 @@ impl Unresponsive {
     /// Its `host:port`.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// From now on accept and echo, like [`Destination::echo`]: a connect
+    /// that is waiting completes when its SYN is next retransmitted
+    /// (about 1 s after its first one), so a dial can be held pending for
+    /// a while and then succeed.
+    ///
+    /// The connections that filled the queue are closed (no descriptor
+    /// is added).
+    ///
+    /// # Errors
+    ///
+    /// The accepting thread cannot be started.
+    pub fn start_echo(&mut self) -> std::io::Result<()> {
+        let Some(l) = self.listener.take() else {
+            return Ok(());
+        };
+        let l: TcpListener = l.into();
+        self.queued.clear();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("dest-late-echo".into())
+            .spawn(move || {
+                for s in l.incoming() {
+                    if flag.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let Ok(mut s) = s else { continue };
+                    let _ = std::thread::Builder::new()
+                        .name("dest-conn".into())
+                        .spawn(move || {
+                            let Ok(mut r) = s.try_clone() else { return };
+                            let _ = std::io::copy(&mut r, &mut s);
+                            let _ = s.shutdown(std::net::Shutdown::Write);
+                        });
+                }
+            })?;
+        self.echo = Some((stop, thread));
+        Ok(())
+    }
+}
+
+impl Drop for Unresponsive {
+    fn drop(&mut self) {
+        if let Some((stop, thread)) = self.echo.take() {
+            stop.store(true, Ordering::Relaxed);
+            // Wake the accept loop so it sees the flag.
+            let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+            let _ = thread.join();
+        }
     }
 }
