@@ -168,10 +168,11 @@ fn hundred_concurrent_connections() {
                         let (open, checked) = (open.clone(), checked.clone());
                         monoio::spawn(async move {
                             let data = pattern(i as u64, 64 * 1024);
+                            // Counted open; wait until the counts were checked.
                             let all_open = || async {
                                 open.set(open.get() + 1);
                                 let deadline = konn_core::io::clock::now() + T;
-                                while open.get() < CONCURRENT && !checked.get() {
+                                while !checked.get() {
                                     assert!(
                                         konn_core::io::clock::now() < deadline,
                                         "only {} of {CONCURRENT} connections opened",
@@ -212,11 +213,18 @@ fn hundred_concurrent_connections() {
                     );
                     monoio::time::sleep(Duration::from_millis(2)).await;
                 }
-                let load = server.load();
-                let frontends = match mode {
+                // (The server counts right after it answers a dial.)
+                let frontends = |load: Load| match mode {
                     Mode::Grpc => load.proxy_streams,
                     Mode::HttpConnect => load.http_connections,
                 };
+                wait_until_async(|| {
+                    let load = server.load();
+                    frontends(load) == CONCURRENT && load.established == CONCURRENT as i64
+                })
+                .await;
+                let load = server.load();
+                let frontends = frontends(load);
                 assert_eq!(frontends, CONCURRENT, "{load:?}");
                 assert_eq!(load.established, CONCURRENT as i64, "{load:?}");
                 assert_eq!(load.established_metric, CONCURRENT as i64, "{load:?}");

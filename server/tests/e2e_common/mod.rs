@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use konn_agent::run::{self, AgentHandle, AgentSettings};
-use konn_bench::connect::{ConnectError, ConnectTunnel, http1_tls};
+use konn_bench::connect::{ConnectError, ConnectTunnel, Requested, http1_tls};
 use konn_bench::frontend::{FrontendError, GrpcFrontend};
 use konn_bench::pki::PkiFiles;
 use konn_core::io::runtime::{Engine, IoEngine};
@@ -284,6 +284,15 @@ impl FrontendAddr {
         }
     }
 
+    /// A CONNECT request to `target`, its answer not read yet.
+    pub async fn connect_request(&self, target: &str) -> Result<Requested, ConnectError> {
+        match (&self.unix, &self.tcp, &self.tls) {
+            (Some(p), _, _) => ConnectTunnel::request_unix(p, target).await,
+            (None, Some(a), Some(tls)) => ConnectTunnel::request_tls(a, tls, target).await,
+            _ => unreachable!("a server has a frontend"),
+        }
+    }
+
     /// A CONNECT to `target` through the server.
     pub async fn connect(&self, target: &str) -> Result<ConnectTunnel, ConnectError> {
         match (&self.unix, &self.tcp, &self.tls) {
@@ -461,4 +470,16 @@ pub fn assert_idle(server: &TestServer, agents: &[&Agent], idle: Idle, what: &st
         idle.fds,
         fd_targets()
     );
+}
+
+/// Polls `cond` (bounded by [`T`]) without blocking the runtime.
+pub async fn wait_until_async(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = konn_core::io::clock::now() + T;
+    while !cond() {
+        if konn_core::io::clock::now() >= deadline {
+            return false;
+        }
+        monoio::time::sleep(Duration::from_millis(2)).await;
+    }
+    true
 }
