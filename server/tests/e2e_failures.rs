@@ -4,6 +4,8 @@
 //! - A dial that fails ends with upstream's DIAL_RSP error text (gRPC) or
 //!   upstream's HTTP status and body (CONNECT): refused, unknown host,
 //!   the agent's dial timeout, the server's backend dial timeout, no agent.
+//! - A frontend that vanishes releases its connection and its pending dial
+//!   on the server and on the agent.
 //!
 //! Each scenario ends with the leak check of `e2e_common::assert_idle`.
 
@@ -13,9 +15,9 @@ use std::time::Duration;
 
 use e2e_common::*;
 use konn_bench::connect::ConnectError;
-use konn_bench::dest::Unresponsive;
+use konn_bench::dest::{Destination, Unresponsive};
 use konn_bench::frontend::FrontendError;
-use konn_core::io::runtime::{available_engines, block_on};
+use konn_core::io::runtime::{Either, available_engines, block_on};
 use konn_server::settings::Mode;
 
 const MODES: [Mode; 2] = [Mode::Grpc, Mode::HttpConnect];
@@ -192,6 +194,85 @@ fn backend_dial_timeout_fails_the_dial_and_cancels_it_on_the_agent() {
             assert_eq!(got, want, "{what}");
             // The agent's dialling socket is gone too (it counts in the
             // descriptors), long before its own timeout.
+            assert_idle(&server, &[&agent], idle, &what);
+            agent.stop();
+            server.stop();
+            drop(dir);
+            assert_fds_back_to(before, &format!("{what}, stopped"));
+        }
+    }
+}
+
+/// A frontend that disappears without a word (kube-apiserver killed):
+/// its established connection is closed at the agent and the destination,
+/// and its pending dial is cancelled on the agent (DIAL_CLS), in both
+/// modes.
+#[test]
+fn a_vanished_frontend_releases_its_connection_and_its_dial() {
+    let _serial = serial();
+    let echo = Destination::echo().unwrap();
+    let hole = Unresponsive::start().unwrap();
+    let (echo, hole) = (echo.addr().to_string(), hole.addr().to_string());
+    for engine in available_engines() {
+        for mode in MODES {
+            let what = format!("{mode:?} on {engine}");
+            let before = open_fds();
+            let dir = TempDir::new("vanish");
+            let mut server = ServerSpec::new(engine, mode, Transport::Unix, &dir).start();
+            // A dial left to the agent would outlast the leak check.
+            let mut agent = server.agent_with("agent-v", "", None, |s| {
+                s.connect.settings.dial_timeout = Duration::from_secs(600);
+            });
+            wait_backends(&server, 1);
+            let idle = Idle::take();
+            let frontend = server.frontend();
+            block_on(engine, async {
+                // Established, then gone.
+                match mode {
+                    Mode::Grpc => {
+                        let fe = frontend.grpc().await.unwrap();
+                        let t = fe.dial(&echo, T).await.unwrap();
+                        t.write(b"x").await.unwrap();
+                        assert_eq!(t.read_exact(1, T).await.unwrap(), b"x");
+                        fe.abort().await;
+                    }
+                    Mode::HttpConnect => {
+                        let mut t = frontend.connect(&echo).await.unwrap();
+                        t.write(b"x").await.unwrap();
+                        assert_eq!(t.read_exact(1, T).await.unwrap(), b"x");
+                        drop(t);
+                    }
+                }
+                assert!(
+                    wait_until_async(|| server.load() == Load::default()).await,
+                    "{what}: {:?}",
+                    server.load()
+                );
+                // Pending, then gone: the frontend leaves once the server
+                // has sent the dial to the agent.
+                let pending = || async {
+                    assert!(
+                        wait_until_async(|| server.load().pending_dials == 1).await,
+                        "{what}: the dial is pending: {:?}",
+                        server.load()
+                    );
+                };
+                match mode {
+                    Mode::Grpc => {
+                        let fe = frontend.grpc().await.unwrap();
+                        let dial = fe.dial(&hole, T);
+                        let r = konn_core::io::runtime::race(dial, pending()).await;
+                        assert!(matches!(r, Either::Right(())), "{what}: the dial ended");
+                        fe.abort().await;
+                    }
+                    Mode::HttpConnect => {
+                        let dial = frontend.connect(&hole);
+                        let r = konn_core::io::runtime::race(dial, pending()).await;
+                        assert!(matches!(r, Either::Right(())), "{what}: the dial ended");
+                    }
+                }
+            })
+            .unwrap();
             assert_idle(&server, &[&agent], idle, &what);
             agent.stop();
             server.stop();

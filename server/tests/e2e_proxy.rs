@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use e2e_common::*;
-use konn_bench::dest::Destination;
+use konn_bench::dest::{Destination, Unresponsive};
 use konn_bench::{Pattern, sha256_hex};
 use konn_core::io::runtime::{available_engines, block_on};
 use konn_server::settings::Mode;
@@ -143,6 +143,58 @@ fn http_connect_proxies_over_unix_socket_and_mtls() {
         })
         .unwrap();
     });
+}
+
+/// CONNECT: bytes the client sends while the agent is still dialling
+/// (more than the server keeps aside before the answer) reach the
+/// destination after the 200, complete and in order.
+#[test]
+fn http_connect_delivers_bytes_sent_while_the_dial_is_pending() {
+    let _serial = serial();
+    let pki = Pki::new();
+    for engine in available_engines() {
+        for transport in TRANSPORTS {
+            let what = format!("over {transport:?} on {engine}");
+            // Its connects hang until it starts answering.
+            let mut late = Unresponsive::start().unwrap();
+            let target = late.addr().to_string();
+            let before = open_fds();
+            let dir = TempDir::new("early");
+            let mut server = ServerSpec {
+                pki: Some(&pki),
+                ..ServerSpec::new(engine, Mode::HttpConnect, transport, &dir)
+            }
+            .start();
+            let mut agent = server.agent("agent-early", "", None);
+            wait_backends(&server, 1);
+            let idle = Idle::take();
+            let frontend = server.frontend();
+            let early = pattern(9, 100 * 1024);
+            block_on(engine, async {
+                let mut r = frontend.connect_request(&target).await.unwrap();
+                assert!(
+                    wait_until_async(|| server.load().pending_dials == 1).await,
+                    "{what}: the dial is pending"
+                );
+                r.write(&early[..60 * 1024]).await.unwrap();
+                monoio::time::sleep(Duration::from_millis(20)).await;
+                r.write(&early[60 * 1024..]).await.unwrap();
+                late.start_echo().unwrap();
+                let mut t = r.answer(T).await.unwrap();
+                let got = t.read_exact(early.len(), T).await.unwrap();
+                assert!(got == early, "{what}: early bytes echoed differently");
+                t.write(b"after").await.unwrap();
+                assert_eq!(t.read_exact(5, T).await.unwrap(), b"after");
+                t.close().await;
+            })
+            .unwrap();
+            assert_idle(&server, &[&agent], idle, &what);
+            agent.stop();
+            server.stop();
+            drop(dir);
+            assert_fds_back_to(before, &format!("{what}, stopped"));
+        }
+    }
 }
 
 /// Connections open at the same time, and checked while all are open.
