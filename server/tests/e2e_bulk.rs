@@ -57,7 +57,7 @@ fn run(mode: Mode, transport: Transport) {
     let want_down = expected(12, SIZE);
     for engine in available_engines() {
         let what = format!("{mode:?} over {transport:?} on {engine}");
-        let before = open_fds();
+        let before = Baseline::take();
         let dir = TempDir::new("bulk");
         let mut server = ServerSpec {
             pki: Some(&pki),
@@ -66,7 +66,7 @@ fn run(mode: Mode, transport: Transport) {
         .start();
         let mut agent = server.agent("agent-bulk", "", None);
         wait_backends(&server, 1);
-        let idle = Idle::take();
+        let idle = Baseline::take();
         let frontend = server.frontend();
         let (up, down) = block_on(engine, async {
             let mut pattern = Pattern::new(11);
@@ -131,7 +131,7 @@ fn run(mode: Mode, transport: Transport) {
         agent.stop();
         server.stop();
         drop(dir);
-        assert_fds_back_to(before, &format!("{what}, stopped"));
+        assert_released(before, &format!("{what}, stopped"));
     }
 }
 

@@ -91,14 +91,14 @@ fn dial_failures_map_to_upstream_errors_and_statuses() {
     for engine in available_engines() {
         for mode in MODES {
             let what = format!("{mode:?} on {engine}");
-            let before = open_fds();
+            let before = Baseline::take();
             let dir = TempDir::new("dialfail");
             let mut server = ServerSpec::new(engine, mode, Transport::Unix, &dir).start();
             let mut agent = server.agent_with("agent-f", "", None, |s| {
                 s.connect.settings.dial_timeout = Duration::from_millis(300);
             });
             wait_backends(&server, 1);
-            let idle = Idle::take();
+            let idle = Baseline::take();
             let frontend = server.frontend();
             let refused = format!("127.0.0.1:{}", closed_port());
             let refused_text = format!("dial tcp {refused}: connect: connection refused");
@@ -156,7 +156,7 @@ fn dial_failures_map_to_upstream_errors_and_statuses() {
             assert_idle(&server, &[], idle, &what);
             server.stop();
             drop(dir);
-            assert_fds_back_to(before, &format!("{what}, stopped"));
+            assert_released(before, &format!("{what}, stopped"));
         }
     }
 }
@@ -172,7 +172,7 @@ fn backend_dial_timeout_fails_the_dial_and_cancels_it_on_the_agent() {
     for engine in available_engines() {
         for mode in MODES {
             let what = format!("{mode:?} on {engine}");
-            let before = open_fds();
+            let before = Baseline::take();
             let dir = TempDir::new("backendtimeout");
             let mut server = ServerSpec {
                 tweak: Some(Box::new(|s| {
@@ -186,7 +186,7 @@ fn backend_dial_timeout_fails_the_dial_and_cancels_it_on_the_agent() {
                 s.connect.settings.dial_timeout = Duration::from_secs(600);
             });
             wait_backends(&server, 1);
-            let idle = Idle::take();
+            let idle = Baseline::take();
             let frontend = server.frontend();
             let silent = hole.addr().to_string();
             let got = block_on(engine, dial_failure(mode, &frontend, &silent)).unwrap();
@@ -204,7 +204,7 @@ fn backend_dial_timeout_fails_the_dial_and_cancels_it_on_the_agent() {
             agent.stop();
             server.stop();
             drop(dir);
-            assert_fds_back_to(before, &format!("{what}, stopped"));
+            assert_released(before, &format!("{what}, stopped"));
         }
     }
 }
@@ -245,7 +245,7 @@ fn agent_killed_mid_stream_closes_its_frontends_within_a_second() {
             (Mode::HttpConnect, Transport::Tls),
         ] {
             let what = format!("{mode:?} over {transport:?} on {engine}");
-            let before = open_fds();
+            let before = Baseline::take();
             let dir = TempDir::new("kill");
             let mut server = ServerSpec {
                 pki: Some(&pki),
@@ -257,7 +257,7 @@ fn agent_killed_mid_stream_closes_its_frontends_within_a_second() {
             let mut a = server.agent("agent-a", "host=127.0.0.2", Some(lb.addr()));
             let mut b = server.agent("agent-b", "host=127.0.0.3", None);
             wait_backends(&server, 2);
-            let idle = Idle::take();
+            let idle = Baseline::take();
             let frontend = server.frontend();
             block_on(
                 engine,
@@ -278,7 +278,7 @@ fn agent_killed_mid_stream_closes_its_frontends_within_a_second() {
             drop(lb);
             server.stop();
             drop(dir);
-            assert_fds_back_to(before, &format!("{what}, stopped"));
+            assert_released(before, &format!("{what}, stopped"));
         }
     }
 }
@@ -460,7 +460,7 @@ fn a_vanished_frontend_releases_its_connection_and_its_dial() {
     for engine in available_engines() {
         for mode in MODES {
             let what = format!("{mode:?} on {engine}");
-            let before = open_fds();
+            let before = Baseline::take();
             let dir = TempDir::new("vanish");
             let mut server = ServerSpec::new(engine, mode, Transport::Unix, &dir).start();
             // A dial left to the agent would outlast the leak check.
@@ -468,7 +468,7 @@ fn a_vanished_frontend_releases_its_connection_and_its_dial() {
                 s.connect.settings.dial_timeout = Duration::from_secs(600);
             });
             wait_backends(&server, 1);
-            let idle = Idle::take();
+            let idle = Baseline::take();
             let frontend = server.frontend();
             block_on(engine, async {
                 // Established, then gone.
@@ -521,7 +521,7 @@ fn a_vanished_frontend_releases_its_connection_and_its_dial() {
             agent.stop();
             server.stop();
             drop(dir);
-            assert_fds_back_to(before, &format!("{what}, stopped"));
+            assert_released(before, &format!("{what}, stopped"));
         }
     }
 }

@@ -99,7 +99,7 @@ fn agents_reconnect_after_a_server_restart() {
     for engine in available_engines() {
         for (mode, transport) in SETUPS {
             let what = format!("{mode:?} over {transport:?} on {engine}");
-            let before = open_fds();
+            let before = Baseline::take();
             let dir = TempDir::new("restart");
             let spec = |agent_addr| ServerSpec {
                 pki: Some(&pki),
@@ -113,7 +113,7 @@ fn agents_reconnect_after_a_server_restart() {
                 server.agent("agent-r2", "", None),
             ];
             wait_backends(&server, 2);
-            let idle = Idle::take();
+            let idle = Baseline::take();
             let frontend = server.frontend();
             // (The frontend lives on one runtime: its connection is a task.)
             block_on(engine, async {
@@ -155,7 +155,7 @@ fn agents_reconnect_after_a_server_restart() {
             }
             server.stop();
             drop(dir);
-            assert_fds_back_to(before, &format!("{what}, stopped"));
+            assert_released(before, &format!("{what}, stopped"));
         }
     }
 }
@@ -193,7 +193,7 @@ fn drain_moves_new_dials_away_and_keeps_what_is_open() {
     for engine in available_engines() {
         for (mode, transport) in SETUPS {
             let what = format!("{mode:?} over {transport:?} on {engine}");
-            let before = open_fds();
+            let before = Baseline::take();
             let dir = TempDir::new("drain");
             let mut server = ServerSpec {
                 pki: Some(&pki),
@@ -204,14 +204,14 @@ fn drain_moves_new_dials_away_and_keeps_what_is_open() {
             let mut a = server.agent("agent-a", "", None);
             let mut b = server.agent("agent-b", "", None);
             wait_backends(&server, 2);
-            let idle = Idle::take();
+            let idle = Baseline::take();
             let frontend = server.frontend();
             drain_scenario(engine, mode, &what, &server, &frontend, &a, &mut b, &echo);
             assert_idle(&server, &[&a], idle, &what);
             a.stop();
             server.stop();
             drop(dir);
-            assert_fds_back_to(before, &format!("{what}, stopped"));
+            assert_released(before, &format!("{what}, stopped"));
         }
     }
 }

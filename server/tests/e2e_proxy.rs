@@ -33,7 +33,7 @@ fn each_setup(mode: Mode, agents: usize, body: impl Fn(&TestServer, &[Agent], &F
     for engine in available_engines() {
         for transport in TRANSPORTS {
             let what = format!("{mode:?} over {transport:?} on {engine}");
-            let before = open_fds();
+            let before = Baseline::take();
             let dir = TempDir::new("proxy");
             let mut server = ServerSpec {
                 pki: Some(&pki),
@@ -44,7 +44,7 @@ fn each_setup(mode: Mode, agents: usize, body: impl Fn(&TestServer, &[Agent], &F
                 .map(|i| server.agent(&format!("agent-{i}"), "", None))
                 .collect();
             wait_backends(&server, agents.len());
-            let idle = Idle::take();
+            let idle = Baseline::take();
             let frontend = server.frontend();
             body(&server, &agents, &frontend);
             assert_idle(&server, &agents.iter().collect::<Vec<_>>(), idle, &what);
@@ -53,7 +53,7 @@ fn each_setup(mode: Mode, agents: usize, body: impl Fn(&TestServer, &[Agent], &F
             }
             server.stop();
             drop(dir);
-            assert_fds_back_to(before, &format!("{what}, stopped"));
+            assert_released(before, &format!("{what}, stopped"));
         }
     }
 }
@@ -158,7 +158,7 @@ fn http_connect_delivers_bytes_sent_while_the_dial_is_pending() {
             // Its connects hang until it starts answering.
             let mut late = Unresponsive::start().unwrap();
             let target = late.addr().to_string();
-            let before = open_fds();
+            let before = Baseline::take();
             let dir = TempDir::new("early");
             let mut server = ServerSpec {
                 pki: Some(&pki),
@@ -167,7 +167,7 @@ fn http_connect_delivers_bytes_sent_while_the_dial_is_pending() {
             .start();
             let mut agent = server.agent("agent-early", "", None);
             wait_backends(&server, 1);
-            let idle = Idle::take();
+            let idle = Baseline::take();
             let frontend = server.frontend();
             let early = pattern(9, 100 * 1024);
             block_on(engine, async {
@@ -192,7 +192,7 @@ fn http_connect_delivers_bytes_sent_while_the_dial_is_pending() {
             agent.stop();
             server.stop();
             drop(dir);
-            assert_fds_back_to(before, &format!("{what}, stopped"));
+            assert_released(before, &format!("{what}, stopped"));
         }
     }
 }

@@ -3,7 +3,8 @@
 //! over a Unix socket or TCP with mTLS), konn agents (the full agent
 //! runtime), frontends from konn-bench, and the leak check every scenario
 //! ends with: no frontend, pending dial, established connection or agent
-//! endpoint left, and every descriptor given back.
+//! endpoint left, every descriptor given back and every thread of the
+//! parts under test ended.
 //!
 //! Descriptor counts are per process, so the tests of one binary take
 //! [`serial`] first.
@@ -31,12 +32,17 @@ pub const T: Duration = Duration::from_secs(20);
 #[allow(clippy::disallowed_types)] // test-only serialisation
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Holds [`SERIAL`] (a failed test must not poison the others).
+/// Holds [`SERIAL`] (a failed test must not poison the others). The
+/// process-wide parts konn creates once (the blocking-call thread pool of
+/// `konn_core::io::runtime`) exist from then on, so they are not counted
+/// as a scenario's threads.
 #[allow(clippy::disallowed_types)]
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
+    let guard = SERIAL
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    konn_core::io::runtime::block_on(Engine::Epoll, async {}).unwrap();
+    guard
 }
 
 pub fn engine_flag(e: Engine) -> IoEngine {
@@ -80,11 +86,6 @@ pub fn fd_targets() -> Vec<String> {
     v
 }
 
-/// Threads of this process.
-pub fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").map_or(0, Iterator::count)
-}
-
 /// Waits until the process has at most `limit` descriptors open (sockets
 /// of other threads close asynchronously), or panics after [`T`].
 pub fn assert_fds_back_to(limit: usize, what: &str) {
@@ -94,16 +95,6 @@ pub fn assert_fds_back_to(limit: usize, what: &str) {
         "{what}: {} descriptors open, expected at most {limit}: {:?}",
         open_fds(),
         fd_targets()
-    );
-}
-
-/// Waits until the process has at most `limit` threads, or panics.
-pub fn assert_threads_back_to(limit: usize, what: &str) {
-    let ok = wait_until(T, || threads() <= limit);
-    assert!(
-        ok,
-        "{what}: {} threads, expected at most {limit}",
-        threads()
     );
 }
 
@@ -438,34 +429,80 @@ pub fn wait_backends(server: &TestServer, n: usize) {
     );
 }
 
-/// The resources of a set-up (server, agents, destinations) when idle:
-/// taken once everything is connected, compared after each scenario.
+/// The process's resources at one moment: descriptors, and the threads
+/// of the parts under test (see [`component_threads`]).
 #[derive(Clone, Copy, Debug)]
-pub struct Idle {
+pub struct Baseline {
     pub fds: usize,
+    pub threads: usize,
 }
 
-impl Idle {
+impl Baseline {
     pub fn take() -> Self {
-        Self { fds: open_fds() }
+        Self {
+            fds: open_fds(),
+            threads: component_threads().len(),
+        }
     }
+}
+
+/// Threads named by konn (`konn-worker-*`, `konn-agent-*`) and the
+/// per-connection threads of the test tools (`dest-conn`, `lb-relay`:
+/// they end when konn closes their connection); not the tools' accept
+/// threads, nor libtest's.
+pub fn component_threads() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .map(|n| n.trim_end().to_owned())
+                .filter(|n| {
+                    ["konn-", "dest-conn", "lb-relay"]
+                        .iter()
+                        .any(|p| n.starts_with(p))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// After everything a scenario started has stopped: descriptors and
+/// threads back to `before` (waits, bounded, for other threads to let go).
+pub fn assert_released(before: Baseline, what: &str) {
+    let ok = wait_until(T, || {
+        open_fds() <= before.fds && component_threads().len() <= before.threads
+    });
+    assert!(
+        ok,
+        "{what}: {} descriptors open (before: {}), threads {:?} (before: {}): {:?}",
+        open_fds(),
+        before.fds,
+        component_threads(),
+        before.threads,
+        fd_targets()
+    );
 }
 
 /// The leak check after a scenario, with the set-up still running: no
 /// frontend stream or CONNECT connection, no pending dial, no established
 /// connection (counters and /metrics), no agent endpoint, and no
 /// descriptor more than when it was idle. Waits (bounded) for all of it.
-pub fn assert_idle(server: &TestServer, agents: &[&Agent], idle: Idle, what: &str) {
+pub fn assert_idle(server: &TestServer, agents: &[&Agent], idle: Baseline, what: &str) {
     let clean = || {
         server.load() == Load::default()
             && agents.iter().all(|a| a.endpoints() == 0)
             && open_fds() <= idle.fds
+            && component_threads().len() <= idle.threads
     };
     assert!(
         wait_until(T, clean),
-        "{what}: left behind: server {:?}, agent endpoints {:?}, {} descriptors open (idle: {}): {:?}",
+        "{what}: left behind: server {:?}, agent endpoints {:?}, threads {:?} (idle: {}), {} descriptors open (idle: {}): {:?}",
         server.load(),
         agents.iter().map(|a| a.endpoints()).collect::<Vec<_>>(),
+        component_threads(),
+        idle.threads,
         open_fds(),
         idle.fds,
         fd_targets()
