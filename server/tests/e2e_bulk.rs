@@ -82,7 +82,7 @@ fn run(mode: Mode, transport: Transport) {
                     while left > 0 {
                         let k = (left as usize).min(CHUNK);
                         pattern.fill(&mut buf[..k]);
-                        t.write(&buf[..k]).await.unwrap();
+                        within("upload write", t.write(&buf[..k])).await.unwrap();
                         left -= k as u64;
                     }
                     let up = t.read_exact(64, T).await.unwrap();
@@ -104,7 +104,7 @@ fn run(mode: Mode, transport: Transport) {
                     while left > 0 {
                         let k = (left as usize).min(CHUNK);
                         pattern.fill(&mut buf[..k]);
-                        t.write(&buf[..k]).await.unwrap();
+                        within("upload write", t.write(&buf[..k])).await.unwrap();
                         left -= k as u64;
                     }
                     let up = t.read_exact(64, T).await.unwrap();

@@ -76,7 +76,7 @@ fn grpc_frontend_proxies_over_unix_socket_and_mtls() {
             assert_ne!(t.connect_id(), 0);
             for (seed, n) in [(1, 1), (2, 16_360), (3, 16_361), (4, 300_000)] {
                 let data = pattern(seed, n);
-                t.write(&data).await.unwrap();
+                within("write", t.write(&data)).await.unwrap();
                 let got = t.read_exact(n, T).await.unwrap();
                 assert!(got == data, "{n} bytes echoed differently");
             }
@@ -119,7 +119,7 @@ fn http_connect_proxies_over_unix_socket_and_mtls() {
             let mut t = frontend.connect(&echo).await.unwrap();
             for (seed, n) in [(1, 1), (2, 16_360), (3, 16_361), (4, 300_000)] {
                 let data = pattern(seed, n);
-                t.write(&data).await.unwrap();
+                within("write", t.write(&data)).await.unwrap();
                 let got = t.read_exact(n, T).await.unwrap();
                 assert!(got == data, "{n} bytes echoed differently");
             }
@@ -176,9 +176,13 @@ fn http_connect_delivers_bytes_sent_while_the_dial_is_pending() {
                     wait_until_async(|| server.load().pending_dials == 1).await,
                     "{what}: the dial is pending"
                 );
-                r.write(&early[..60 * 1024]).await.unwrap();
+                within("early write", r.write(&early[..60 * 1024]))
+                    .await
+                    .unwrap();
                 monoio::time::sleep(Duration::from_millis(20)).await;
-                r.write(&early[60 * 1024..]).await.unwrap();
+                within("early write", r.write(&early[60 * 1024..]))
+                    .await
+                    .unwrap();
                 late.start_echo().unwrap();
                 let mut t = r.answer(T).await.unwrap();
                 let got = t.read_exact(early.len(), T).await.unwrap();
@@ -238,7 +242,7 @@ fn hundred_concurrent_connections() {
                                     let fe = frontend.grpc().await.unwrap();
                                     let t = fe.dial(&echo, T).await.unwrap();
                                     all_open().await;
-                                    t.write(&data).await.unwrap();
+                                    within("write", t.write(&data)).await.unwrap();
                                     let got = t.read_exact(data.len(), T).await.unwrap();
                                     assert!(sha256_hex(&got) == sha256_hex(&data), "flow {i}");
                                     t.close(T).await.unwrap();
@@ -247,7 +251,7 @@ fn hundred_concurrent_connections() {
                                 Mode::HttpConnect => {
                                     let mut t = frontend.connect(&echo).await.unwrap();
                                     all_open().await;
-                                    t.write(&data).await.unwrap();
+                                    within("write", t.write(&data)).await.unwrap();
                                     let got = t.read_exact(data.len(), T).await.unwrap();
                                     assert!(sha256_hex(&got) == sha256_hex(&data), "flow {i}");
                                     t.close().await;

@@ -520,3 +520,13 @@ pub async fn wait_until_async(mut cond: impl FnMut() -> bool) -> bool {
     }
     true
 }
+
+/// `fut`, or a panic naming `what` if it has not finished within [`T`]
+/// (writes wait for the peer's window or socket buffer: a flow that
+/// stalls must fail the test, not hang it).
+pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    match monoio::time::timeout(T, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: no progress within {T:?}"),
+    }
+}
