@@ -67,6 +67,8 @@ pub struct ConnectTunnel {
     /// Bytes that arrived with the response head.
     pending: Option<Bytes>,
     eof: bool,
+    /// The response head, once read.
+    head: String,
 }
 
 /// The client TLS settings kube-apiserver uses for a CONNECT proxy: those
@@ -146,6 +148,7 @@ impl ConnectTunnel {
             stream,
             pending: None,
             eof: false,
+            head: String::new(),
         };
         let req = format!("CONNECT {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         t.write(req.as_bytes()).await?;
@@ -182,6 +185,7 @@ impl ConnectTunnel {
             if end < head.len() {
                 self.pending = Some(Bytes::copy_from_slice(&head[end..]));
             }
+            self.head = String::from_utf8_lossy(&head[..end]).into_owned();
             return Ok(self);
         }
         // The rest of the answer, up to the close.
@@ -215,6 +219,12 @@ impl ConnectTunnel {
             return Ok(None);
         }
         Ok(Some(buf.freeze()))
+    }
+
+    /// The proxy's response head (status line and headers, with the
+    /// blank line).
+    pub fn response_head(&self) -> &str {
+        &self.head
     }
 
     /// Send `data` to the destination.

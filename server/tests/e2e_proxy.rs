@@ -117,6 +117,10 @@ fn http_connect_proxies_over_unix_socket_and_mtls() {
     each_setup(Mode::HttpConnect, 1, |server, _, frontend| {
         block_on(server.engine, async {
             let mut t = frontend.connect(&echo).await.unwrap();
+            assert_eq!(
+                t.response_head(),
+                "HTTP/1.1 200 Connection Established\r\n\r\n"
+            );
             for (seed, n) in [(1, 1), (2, 16_360), (3, 16_361), (4, 300_000)] {
                 let data = pattern(seed, n);
                 within("write", t.write(&data)).await.unwrap();
