@@ -157,18 +157,22 @@ fn connects_becomes_ready_and_relays_a_dial() {
 /// The agent reaches the servers through a TCP relay standing for the
 /// server's Service: when the first server stops, the relay cuts its
 /// connections (as the death of the server's process would) and sends new
-/// ones to the second server. Restarting an in-process konn-server on the
-/// same port does not work: its `stop` leaves agent connections and, under
-/// io_uring, its listener open.
+/// ones to the second server. (A restart on the same port, which works
+/// since `stop` releases every descriptor, is in the server's
+/// `e2e_lifecycle` test.)
 #[test]
 fn reconnects_after_a_server_restart() {
     let _serial = serial();
     for engine in available_engines() {
         let dir = TempDir::new("restart");
         let mut first = ServerSpec::new(engine, &dir, "first").start();
-        let lb = LoadBalancer::start(vec![first.agent_addr()]);
-        let agent =
-            run::start(agent_settings(engine, lb.addr.to_string(), "agent-restart")).unwrap();
+        let lb = LoadBalancer::start(vec![first.agent_addr()]).unwrap();
+        let agent = run::start(agent_settings(
+            engine,
+            lb.addr().to_string(),
+            "agent-restart",
+        ))
+        .unwrap();
         assert!(wait_until(T, || first.backends() == 1 && agent.is_ready()));
         assert_eq!(agent.status().attempts, 1);
 

@@ -38,10 +38,10 @@ fn holds_one_tunnel_per_server_behind_a_load_balancer() {
         // The replacement for s2, started now so that the descriptor count
         // below covers every server.
         let s2b = spec("s2b").start();
-        let lb = LoadBalancer::start(servers.iter().map(TestServer::agent_addr).collect());
+        let lb = LoadBalancer::start(servers.iter().map(TestServer::agent_addr).collect()).unwrap();
         let fds = open_fds();
 
-        let agent = run::start(agent_settings(engine, lb.addr.to_string(), "agent-ha")).unwrap();
+        let agent = run::start(agent_settings(engine, lb.addr().to_string(), "agent-ha")).unwrap();
         let backends = |s: &[&TestServer]| s.iter().map(|s| s.backends()).collect::<Vec<_>>();
         let all = [&servers[0], &servers[1], &servers[2]];
         assert!(
@@ -114,8 +114,8 @@ fn sync_forever_keeps_dialling_and_closes_every_duplicate() {
             ..ServerSpec::new(engine, &dir, name)
         };
         let servers = [spec("a").start(), spec("b").start()];
-        let lb = LoadBalancer::start(servers.iter().map(TestServer::agent_addr).collect());
-        let mut settings = agent_settings(engine, lb.addr.to_string(), "agent-forever");
+        let lb = LoadBalancer::start(servers.iter().map(TestServer::agent_addr).collect()).unwrap();
+        let mut settings = agent_settings(engine, lb.addr().to_string(), "agent-forever");
         settings.sync.sync_forever = true;
         settings.sync.interval = Duration::from_millis(20);
         settings.sync.interval_cap = Duration::from_millis(40);
@@ -133,7 +133,7 @@ fn sync_forever_keeps_dialling_and_closes_every_duplicate() {
         let status = agent.status();
         assert_eq!(status.connected_servers, 2);
         assert_eq!(status.failures, 0, "{status:?}");
-        assert!(lb.accepted.load(Ordering::Relaxed) >= 12);
+        assert!(lb.accepted() >= 12);
         agent.stop().unwrap();
         assert!(wait_until(T, || servers.iter().all(|s| s.backends() == 0)));
     }

@@ -1,8 +1,13 @@
-//! Destinations for demos and tests, on plain threads: a TCP echo server
-//! and a tiny HTTP/1.1 server. Each stops accepting when dropped.
+//! Destinations for demos and tests, on plain threads: a TCP echo server,
+//! a tiny HTTP/1.1 server, a hashing sink and a pattern source for bulk
+//! transfers, and an address whose connects never complete. Each stops
+//! accepting when dropped.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use crate::{Pattern, Sha256};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -28,7 +33,15 @@ impl Destination {
         name: &str,
         handle: impl Fn(TcpStream) + Send + Sync + Clone + 'static,
     ) -> std::io::Result<Self> {
-        let l = TcpListener::bind("127.0.0.1:0")?;
+        Self::start_on(name, IpAddr::V4(Ipv4Addr::LOCALHOST), handle)
+    }
+
+    fn start_on(
+        name: &str,
+        ip: IpAddr,
+        handle: impl Fn(TcpStream) + Send + Sync + Clone + 'static,
+    ) -> std::io::Result<Self> {
+        let l = TcpListener::bind(SocketAddr::new(ip, 0))?;
         let addr = l.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let served = Arc::new(AtomicU64::new(0));
@@ -53,10 +66,72 @@ impl Destination {
 
     /// Echoes every byte back until the client closes.
     pub fn echo() -> std::io::Result<Self> {
-        Self::start("dest-echo", |mut s| {
+        Self::echo_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// [`Destination::echo`] listening on `ip` (any loopback address,
+    /// e.g. 127.0.0.2, to tell destinations apart by host).
+    pub fn echo_on(ip: IpAddr) -> std::io::Result<Self> {
+        Self::start_on("dest-echo", ip, |mut s| {
             let Ok(mut r) = s.try_clone() else { return };
             let _ = std::io::copy(&mut r, &mut s);
             let _ = s.shutdown(std::net::Shutdown::Write);
+        })
+    }
+
+    /// A sink for uploads: reads an 8-byte big-endian length `n`, then
+    /// `n` bytes, hashing them as they come (no echo, so the sender is the
+    /// only limit), answers with the 64-character hex SHA-256 of those
+    /// bytes, and then reads until the client closes.
+    pub fn sink() -> std::io::Result<Self> {
+        Self::start("dest-sink", |mut s| {
+            let mut len = [0u8; 8];
+            if s.read_exact(&mut len).is_err() {
+                return;
+            }
+            let mut left = u64::from_be_bytes(len);
+            let mut hash = Sha256::new();
+            let mut buf = vec![0u8; 256 * 1024];
+            while left > 0 {
+                let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                match s.read(&mut buf[..want]) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        hash.update(&buf[..n]);
+                        left -= n as u64;
+                    }
+                }
+            }
+            if s.write_all(hash.finish_hex().as_bytes()).is_err() {
+                return;
+            }
+            while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+        })
+    }
+
+    /// A source for downloads: reads an 8-byte big-endian length `n` and
+    /// an 8-byte big-endian seed, writes the first `n` bytes of
+    /// [`Pattern::new(seed)`](Pattern) as fast as the connection takes
+    /// them, then closes.
+    pub fn source() -> std::io::Result<Self> {
+        Self::start("dest-source", |mut s| {
+            let mut head = [0u8; 16];
+            if s.read_exact(&mut head).is_err() {
+                return;
+            }
+            let (n, seed) = head.split_at(8);
+            let mut left = u64::from_be_bytes(n.try_into().unwrap_or_default());
+            let mut pattern = Pattern::new(u64::from_be_bytes(seed.try_into().unwrap_or_default()));
+            let mut buf = vec![0u8; 256 * 1024];
+            while left > 0 {
+                let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                pattern.fill(&mut buf[..n]);
+                if s.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+                left -= n as u64;
+            }
+            let _ = s.shutdown(std::net::Shutdown::Both);
         })
     }
 
@@ -120,5 +195,122 @@ impl Drop for Destination {
         self.stop.store(true, Ordering::Relaxed);
         // Wake the accept loop so it sees the flag.
         let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// An address whose TCP connects never complete: a listener with a
+/// backlog of zero whose accept queue is already full and that never
+/// accepts, so the kernel drops every further SYN and a dialler waits
+/// until its own timeout. Dropping it closes the listener.
+pub struct Unresponsive {
+    addr: SocketAddr,
+    listener: Option<socket2::Socket>,
+    queued: Vec<TcpStream>,
+    echo: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+}
+
+impl Unresponsive {
+    /// Listen on 127.0.0.1 (any port) and fill the accept queue.
+    ///
+    /// # Errors
+    ///
+    /// The socket cannot be set up, or the queue never fills.
+    pub fn start() -> std::io::Result<Self> {
+        Self::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// [`Unresponsive::start`] on `ip` (a loopback address).
+    ///
+    /// # Errors
+    ///
+    /// As [`Unresponsive::start`].
+    pub fn start_on(ip: IpAddr) -> std::io::Result<Self> {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let l = Socket::new(
+            Domain::for_address(SocketAddr::new(ip, 0)),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        l.bind(&SocketAddr::new(ip, 0).into())?;
+        l.listen(0)?;
+        let addr = l
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| std::io::Error::other("not an inet socket"))?;
+        // Connect until one attempt hangs: from then on SYNs are dropped.
+        let mut queued = Vec::new();
+        for _ in 0..16 {
+            match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                Ok(s) => queued.push(s),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    return Ok(Self {
+                        addr,
+                        listener: Some(l),
+                        queued,
+                        echo: None,
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::other(
+            "the accept queue of a zero-backlog listener did not fill",
+        ))
+    }
+
+    /// Its `host:port`.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// From now on accept and echo, like [`Destination::echo`]: a connect
+    /// that is waiting completes when its SYN is next retransmitted
+    /// (about 1 s after its first one), so a dial can be held pending for
+    /// a while and then succeed.
+    ///
+    /// The connections that filled the queue are closed (no descriptor
+    /// is added).
+    ///
+    /// # Errors
+    ///
+    /// The accepting thread cannot be started.
+    pub fn start_echo(&mut self) -> std::io::Result<()> {
+        let Some(l) = self.listener.take() else {
+            return Ok(());
+        };
+        let l: TcpListener = l.into();
+        self.queued.clear();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("dest-late-echo".into())
+            .spawn(move || {
+                for s in l.incoming() {
+                    if flag.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let Ok(mut s) = s else { continue };
+                    let _ = std::thread::Builder::new()
+                        .name("dest-conn".into())
+                        .spawn(move || {
+                            let Ok(mut r) = s.try_clone() else { return };
+                            let _ = std::io::copy(&mut r, &mut s);
+                            let _ = s.shutdown(std::net::Shutdown::Write);
+                        });
+                }
+            })?;
+        self.echo = Some((stop, thread));
+        Ok(())
+    }
+}
+
+impl Drop for Unresponsive {
+    fn drop(&mut self) {
+        if let Some((stop, thread)) = self.echo.take() {
+            stop.store(true, Ordering::Relaxed);
+            // Wake the accept loop so it sees the flag.
+            let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+            let _ = thread.join();
+        }
     }
 }

@@ -19,6 +19,16 @@ pub enum Error {
     Protocol(String),
     /// No answer within the deadline.
     Timeout(&'static str),
+    /// A socket operation of a plain client (HTTP CONNECT) failed.
+    Socket(String),
+    /// An HTTP CONNECT proxy answered with another status than 200: the
+    /// status and the whole answer (head and body, up to the close).
+    Refused {
+        /// The HTTP status code.
+        status: u16,
+        /// The raw answer.
+        response: String,
+    },
 }
 
 impl std::fmt::Display for Error {
@@ -31,6 +41,10 @@ impl std::fmt::Display for Error {
             Self::Closed(e) => write!(f, "tunnel closed: {e}"),
             Self::Protocol(e) => write!(f, "protocol error: {e}"),
             Self::Timeout(what) => write!(f, "timed out waiting for {what}"),
+            Self::Socket(e) => write!(f, "connection: {e}"),
+            Self::Refused { status, response } => {
+                write!(f, "proxy answered {status}: {response:?}")
+            }
         }
     }
 }

@@ -110,6 +110,29 @@ pub struct GrpcFrontend {
     next_random: Cell<i64>,
 }
 
+/// A fresh dial id for a new connection. konnectivity-client draws each
+/// one at random (`rand.Int63()`), and proxy-server keys pending dials by
+/// it across all frontends, so two connections must not count from the
+/// same start.
+fn first_random() -> i64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .map_or(0, |d| d.as_nanos() as u64);
+    // splitmix64 of a per-process sequence, time and pid.
+    let mut z = NEXT
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_add(nanos)
+        .wrapping_add(u64::from(std::process::id()) << 32)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    // Positive, non-zero, with room to count up (Int63 range).
+    ((z >> 2) | 1) as i64
+}
+
 /// How long [`GrpcFrontend::close`] waits for a graceful end.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -133,7 +156,7 @@ impl GrpcFrontend {
             h,
             task,
             closed,
-            next_random: Cell::new(1),
+            next_random: Cell::new(first_random()),
         }
     }
 
@@ -196,9 +219,20 @@ impl GrpcFrontend {
                 connect_id,
                 ..tunnel
             }),
-            Packet::DialRsp { error, .. } => Err(Error::DialFailed(error.to_string())),
+            Packet::DialRsp { error, .. } => {
+                // The call is over (konnectivity-client closes its tunnel).
+                let _ = tunnel.h.with(|g, _| g.close_send(tunnel.id));
+                Err(Error::DialFailed(error.to_string()))
+            }
             other => Err(Error::Protocol(format!("expected DIAL_RSP, got {other:?}"))),
         }
+    }
+
+    /// Cut the connection at once, as a kube-apiserver that dies would:
+    /// no CLOSE_REQ, no GOAWAY; waits until its task has ended.
+    pub async fn abort(self) {
+        self.h.abort();
+        let _ = self.task.await;
     }
 
     /// Close the connection and wait until its task has ended (GOAWAY
@@ -300,7 +334,8 @@ impl Tunnel {
     }
 
     /// The next bytes from the destination; `Ok(None)` once the server
-    /// closed the connection (`CLOSE_RSP`). Waits at most `timeout`.
+    /// closed the connection (`CLOSE_RSP`; the call is then ended, and
+    /// [`Tunnel::close_error`] says why). Waits at most `timeout`.
     pub async fn read(&self, timeout: Duration) -> Result<Option<Bytes>, Error> {
         if let Some(b) = self.pending.borrow_mut().take() {
             return Ok(Some(b));
@@ -320,8 +355,12 @@ impl Tunnel {
                     }
                 }
                 Packet::CloseRsp { error, .. } => {
+                    // The connection is over: end the call, as
+                    // konnectivity-client ends its tunnel on CLOSE_RSP
+                    // (the server keeps the stream until then).
                     self.eof.set(true);
                     *self.close_error.borrow_mut() = Some(error.to_string());
+                    let _ = self.h.with(|g, _| g.close_send(self.id));
                     return Ok(None);
                 }
                 other => {

@@ -46,6 +46,10 @@ use crate::worker::{FrontendRef, Stop, Worker, bump};
 /// Room in front of a read for the gRPC prefix and the DATA packet header.
 const HEADROOM: usize = 32;
 
+/// Client bytes kept while the dial is pending; beyond this the client is
+/// not read until the dial ends.
+const EARLY_LIMIT: usize = 64 * 1024;
+
 /// A CONNECT client's socket.
 pub enum Sock {
     /// TCP (with TLS on top).
@@ -463,9 +467,10 @@ pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
 }
 
 async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mut Wire) {
-    // Until the dial ends, nothing is read (as upstream): the client's
-    // early bytes wait in the socket, and the router's dial deadline bounds
-    // the wait.
+    // While the dial is pending (bounded by the router's dial deadline),
+    // watch the client: a client that leaves ends the dial (as upstream,
+    // whose handler returns when the client closes first), and bytes it
+    // sends early are kept, up to EARLY_LIMIT, for after the 200.
     let (backend, connect_id) = loop {
         let failure = cf.failure.borrow_mut().take();
         if let Some(resp) = failure {
@@ -478,7 +483,19 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
         if let Some(e) = cf.established.get() {
             break e;
         }
-        cf.wake.notified().await;
+        if wire.plain.len() >= EARLY_LIMIT {
+            cf.wake.notified().await;
+            continue;
+        }
+        // Readable first, so a quiet client holds no buffer.
+        if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable()).await {
+            continue;
+        }
+        match wire.fill_or_wake(Some(&cf.wake)).await {
+            Ok(None) => {}
+            Ok(Some(_)) if !wire.eof => {}
+            Ok(Some(_)) | Err(_) => return, // client gone: frontend_gone cancels the dial
+        }
     };
     if wire
         .send(Bytes::from_static(http::ESTABLISHED))

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
-use konn_core::io::notify::Broadcast;
+use konn_core::io::notify::{Broadcast, Notify};
 use konn_core::io::pool::BufPool;
 use konn_core::proto::grpc::Grpc;
 use konn_frames::GrpcStatus;
@@ -151,9 +151,10 @@ pub struct Shared {
     pub connect_streams: AtomicUsize,
     /// HTTP CONNECT connections open.
     pub http_connections: AtomicUsize,
-    /// Pending dials, all workers.
+    /// Pending dials, all workers (each adds its change when it publishes
+    /// its router's gauges, see [`Worker::publish`]).
     pub pending_dials: AtomicI64,
-    /// Established connections, all workers.
+    /// Established connections, all workers (as `pending_dials`).
     pub established: AtomicI64,
     /// A graceful shutdown started: not ready, accept nothing new.
     pub shutting_down: std::sync::atomic::AtomicBool,
@@ -165,7 +166,7 @@ pub struct TaskCount {
     /// Tasks not yet ended.
     pub live: Cell<usize>,
     /// Notified whenever a task ends.
-    pub ended: konn_core::io::notify::Notify,
+    pub ended: Notify,
 }
 
 /// Counts a task as ended when dropped (also when the task is cancelled).
@@ -239,6 +240,9 @@ pub struct Worker {
     pub all_metrics: ServerMetrics,
     /// Type of the packet being routed now (what `Payload::Forward`s are).
     pub forwarding: Cell<PacketType>,
+    /// This core's (pending dials, established connections) as last added
+    /// to the process-wide counters in [`Shared`].
+    published: Cell<(usize, usize)>,
 }
 
 impl Worker {
@@ -271,6 +275,7 @@ impl Worker {
             metrics,
             all_metrics,
             forwarding: Cell::new(PacketType::Data),
+            published: Cell::new((0, 0)),
         }
     }
 
@@ -513,6 +518,17 @@ impl Worker {
         self.metrics
             .established_connections()
             .set(stats.established as f64);
+        let now = (stats.pending_dials, stats.established);
+        let before = self.published.replace(now);
+        if now != before {
+            let delta = |a: usize, b: usize| a as i64 - b as i64;
+            self.shared
+                .pending_dials
+                .fetch_add(delta(now.0, before.0), Ordering::Relaxed);
+            self.shared
+                .established
+                .fetch_add(delta(now.1, before.1), Ordering::Relaxed);
+        }
         router.publish_loads();
     }
 
@@ -556,5 +572,91 @@ pub fn bump(counter: &AtomicUsize, up: bool) {
         counter.fetch_add(1, Ordering::Relaxed);
     } else {
         counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use konn_frames::packet::{ByteStr, Packet};
+
+    use super::*;
+    use crate::backends::{Directory, Identifiers, Strategy};
+    use crate::router::{FrontendKind, RouterConfig};
+    use crate::settings::{FrontendListen, Mode};
+
+    fn framed(p: &Packet) -> Bytes {
+        let mut b = BytesMut::new();
+        p.encode_grpc(&mut b);
+        b.freeze()
+    }
+
+    fn worker(index: usize, shared: &Arc<Shared>, metrics: &ServerMetrics) -> Worker {
+        let settings =
+            ServerSettings::for_tests(FrontendListen::Unix("/nonexistent".into()), Mode::Grpc);
+        let budget = konn_core::io::pool::MemoryBudget::new(1 << 20);
+        Worker::new(
+            index,
+            Router::new(
+                RouterConfig::default(),
+                Directory::new(vec![Strategy::Default]),
+            ),
+            Arc::new(settings),
+            BufPool::new(&budget, &konn_core::io::pool::PoolConfig::default()),
+            shared.clone(),
+            1,
+            metrics.core(index).expect("slab"),
+            metrics.clone(),
+        )
+    }
+
+    /// Each worker adds its own change, so the process-wide counters are
+    /// the sum over workers, and go back to zero.
+    #[test]
+    fn publish_keeps_the_process_wide_dial_and_connection_counts() {
+        let shared = Arc::new(Shared::default());
+        let metrics = ServerMetrics::new(2);
+        let workers = [worker(0, &shared, &metrics), worker(1, &shared, &metrics)];
+        let now = konn_core::io::clock::now();
+        let counts = || {
+            (
+                shared.pending_dials.load(Ordering::Relaxed),
+                shared.established.load(Ordering::Relaxed),
+            )
+        };
+        for (i, w) in workers.iter().enumerate() {
+            let mut r = w.router.borrow_mut();
+            r.backend_connected(7, "agent".into(), Identifiers::default(), i);
+            r.frontend_opened(1, FrontendKind::Grpc);
+            let dial = Packet::DialReq {
+                protocol: ByteStr::from_static("tcp"),
+                address: ByteStr::from_static("10.0.0.1:80"),
+                random: 5,
+            };
+            let f = framed(&dial);
+            r.frontend_packet(now, 1, dial, f, 0);
+            drop(r);
+            w.publish();
+        }
+        assert_eq!(counts(), (2, 0));
+        let rsp = Packet::DialRsp {
+            error: ByteStr::new(),
+            connect_id: 3,
+            random: 5,
+        };
+        let f = framed(&rsp);
+        let _ = workers[0]
+            .router
+            .borrow_mut()
+            .backend_packet(now, 7, rsp, f, 0);
+        workers[0].publish();
+        assert_eq!(counts(), (1, 1));
+        workers[0].publish();
+        assert_eq!(counts(), (1, 1), "publishing twice counts once");
+        for w in &workers {
+            w.router.borrow_mut().frontend_gone(1);
+            w.publish();
+        }
+        assert_eq!(counts(), (0, 0));
     }
 }

@@ -13,71 +13,13 @@
 //! - without `--cipher-suites`: valid.
 
 mod options_common;
+mod upstream_flags;
 
 use konn_core::cli::{Outcome, ParseError};
 use konn_server::Error;
 use konn_server::options::{self, ServerOptions};
 use options_common::TempFile;
-
-/// Every upstream proxy-server flag with its default as pflag renders it
-/// (`--help` and `Flag.DefValue`).
-const RENDERED_DEFAULTS: &[&str] = &[
-    "--add-dir-header=false",
-    "--admin-bind-address=127.0.0.1",
-    "--admin-port=8095",
-    "--agent-bind-address=",
-    "--agent-namespace=",
-    "--agent-port=8091",
-    "--agent-service-account=",
-    "--alsologtostderr=false",
-    "--alsologtostderrthreshold=0",
-    "--authentication-audience=",
-    "--backend-dial-timeout=0s",
-    "--cipher-suites=[]",
-    "--cluster-ca-cert=",
-    "--cluster-cert=",
-    "--cluster-key=",
-    "--delete-existing-uds-file=true",
-    "--enable-contention-profiling=false",
-    "--enable-lease-controller=false",
-    "--enable-profiling=false",
-    "--frontend-keepalive-time=1h0m0s",
-    "--graceful-shutdown-timeout=0s",
-    "--health-bind-address=",
-    "--health-port=8092",
-    "--keepalive-time=1h0m0s",
-    "--kube-api-content-type=application/vnd.kubernetes.protobuf",
-    "--kubeconfig=",
-    "--kubeconfig-burst=0",
-    "--kubeconfig-qps=0",
-    "--lease-label=k8s-app=konnectivity-server",
-    "--lease-namespace=kube-system",
-    "--legacy-stderr-threshold-behavior=true",
-    "--log-backtrace-at=:0",
-    "--log-dir=",
-    "--log-file=",
-    "--log-file-max-size=1800",
-    "--logtostderr=true",
-    "--mode=grpc",
-    "--one-output=false",
-    "--proxy-strategies=default",
-    "--server-bind-address=",
-    "--server-ca-cert=",
-    "--server-cert=",
-    "--server-count=1",
-    "--server-id=c9ea4fa3-e0eb-4c3a-a87e-150e63666e30",
-    "--server-key=",
-    "--server-port=8090",
-    "--skip-headers=false",
-    "--skip-log-headers=false",
-    "--stderrthreshold=2",
-    "--tls-min-version=",
-    "--uds-name=",
-    "--v=4",
-    "--vmodule=",
-    "--warn-on-channel-limit=true",
-    "--xfr-channel-size=10",
-];
+use upstream_flags::RENDERED_DEFAULTS;
 
 const DEPRECATION: &str = "Flag --warn-on-channel-limit has been deprecated, This behavior is now thread safe and always on. This flag will be removed in a future release.";
 

@@ -1,5 +1,5 @@
 //! Shared helpers of the agent runtime tests: in-process konn servers, an
-//! echo destination, a round-robin TCP load balancer, HTTP and CONNECT
+//! echo destination, konn-bench's TCP load balancer, HTTP and CONNECT
 //! clients on plain std sockets, waiting with deadlines, descriptor counts.
 
 #![allow(dead_code, unreachable_pub)]
@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use konn_agent::run::AgentSettings;
@@ -287,107 +287,9 @@ impl Drop for Echo {
     }
 }
 
-/// A round-robin TCP load balancer: each accepted connection goes to the
-/// next backend in turn and is relayed byte for byte.
-pub struct LoadBalancer {
-    pub addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    pub accepted: Arc<AtomicUsize>,
-    conns: Conns,
-    backends: Backends,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-#[allow(clippy::disallowed_types)] // test-only bookkeeping across threads
-type Conns = Arc<std::sync::Mutex<Vec<TcpStream>>>;
-
-#[allow(clippy::disallowed_types)]
-type Backends = Arc<std::sync::Mutex<Vec<SocketAddr>>>;
-
-impl LoadBalancer {
-    pub fn start(backends: Vec<SocketAddr>) -> Self {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let conns = Conns::default();
-        let backends: Backends = Arc::new(backends.into());
-        let (flag, count, list, targets) = (
-            stop.clone(),
-            accepted.clone(),
-            conns.clone(),
-            backends.clone(),
-        );
-        let thread = std::thread::spawn(move || {
-            for (next, client) in l.incoming().enumerate() {
-                if flag.load(Ordering::Acquire) {
-                    return;
-                }
-                let Ok(client) = client else { return };
-                let backend = {
-                    let t = targets.lock().unwrap();
-                    t[next % t.len()]
-                };
-                count.fetch_add(1, Ordering::Relaxed);
-                let Ok(upstream) = TcpStream::connect(backend) else {
-                    continue; // the client sees the connection close
-                };
-                if let Ok(mut l) = list.lock() {
-                    l.extend(client.try_clone().ok());
-                    l.extend(upstream.try_clone().ok());
-                }
-                relay(client, upstream);
-            }
-        });
-        Self {
-            addr,
-            stop,
-            accepted,
-            conns,
-            backends,
-            thread: Some(thread),
-        }
-    }
-
-    /// Send new connections to `backends` from now on.
-    pub fn set_backends(&self, backends: Vec<SocketAddr>) {
-        *self.backends.lock().unwrap() = backends;
-    }
-
-    /// Cut every relayed connection, as a server process that dies would.
-    /// (konn-server's in-process `stop` does not close its agent
-    /// connections, so tests that restart a server cut them here.)
-    pub fn cut(&self) {
-        if let Ok(mut l) = self.conns.lock() {
-            for s in l.drain(..) {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-        }
-    }
-}
-
-/// Copy both ways until either side closes, then close both.
-fn relay(a: TcpStream, b: TcpStream) {
-    let pairs = [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)];
-    for (mut from, mut to) in pairs {
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut from, &mut to);
-            let _ = to.shutdown(std::net::Shutdown::Both);
-            let _ = from.shutdown(std::net::Shutdown::Both);
-        });
-    }
-}
-
-impl Drop for LoadBalancer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = TcpStream::connect(self.addr);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        self.cut();
-    }
-}
+/// The load balancer between agents and servers (see `konn_bench::relay`).
+#[allow(unused_imports)] // not every test binary balances
+pub use konn_bench::relay::LoadBalancer;
 
 /// One HTTP/1.0 GET: (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {

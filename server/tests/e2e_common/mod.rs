@@ -1,0 +1,532 @@
+//! Shared set-up of the proxy-server acceptance suite (`e2e_*.rs`): an
+//! in-process proxy-server on real sockets (gRPC or HTTP CONNECT frontend,
+//! over a Unix socket or TCP with mTLS), konn agents (the full agent
+//! runtime), frontends from konn-bench, and the leak check every scenario
+//! ends with: no frontend, pending dial, established connection or agent
+//! endpoint left, every descriptor given back and every thread of the
+//! parts under test ended.
+//!
+//! Descriptor counts are per process, so the tests of one binary take
+//! [`serial`] first.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use konn_agent::run::{self, AgentHandle, AgentSettings};
+use konn_bench::connect::{ConnectTunnel, Requested, http1_tls};
+use konn_bench::frontend::GrpcFrontend;
+use konn_bench::pki::PkiFiles;
+use konn_core::io::runtime::{Engine, IoEngine};
+use konn_core::io::tls::{ClientTls, ClientTlsOptions, PemSource, ServerTls, ServerTlsOptions};
+use konn_server::backends::Strategy;
+use konn_server::serve::{ServerHandle, start};
+use konn_server::settings::{FrontendListen, Mode, ServerSettings};
+
+/// The bound of every wait that is not itself under test.
+pub const T: Duration = Duration::from_secs(20);
+
+/// Serialises the tests of one binary: descriptor counts are per process.
+#[allow(clippy::disallowed_types)] // test-only serialisation
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds [`SERIAL`] (a failed test must not poison the others). The
+/// process-wide parts konn creates once (the blocking-call thread pool of
+/// `konn_core::io::runtime`) exist from then on, so they are not counted
+/// as a scenario's threads.
+#[allow(clippy::disallowed_types)]
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    let guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    konn_core::io::runtime::block_on(Engine::Epoll, async {}).unwrap();
+    guard
+}
+
+pub fn engine_flag(e: Engine) -> IoEngine {
+    match e {
+        Engine::IoUring => IoEngine::IoUring,
+        Engine::Epoll => IoEngine::Epoll,
+    }
+}
+
+/// Polls `cond` every 5 ms until it holds (true) or `limit` passes (false).
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = konn_core::io::clock::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if konn_core::io::clock::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
+}
+
+/// What each open descriptor points at.
+pub fn fd_targets() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| {
+                    let target = std::fs::read_link(e.path()).unwrap_or_default();
+                    format!("{}->{}", e.file_name().to_string_lossy(), target.display())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Waits until the process has at most `limit` descriptors open (sockets
+/// of other threads close asynchronously), or panics after [`T`].
+pub fn assert_fds_back_to(limit: usize, what: &str) {
+    let ok = wait_until(T, || open_fds() <= limit);
+    assert!(
+        ok,
+        "{what}: {} descriptors open, expected at most {limit}: {:?}",
+        open_fds(),
+        fd_targets()
+    );
+}
+
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let n = std::time::SystemTime::UNIX_EPOCH
+            .elapsed()
+            .unwrap_or_default()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!("konn-e2e-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A throw-away PKI on disk (konn-bench's), and the TLS settings of each
+/// party built from it.
+pub struct Pki {
+    pub files: PkiFiles,
+    _dir: TempDir,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let dir = TempDir::new("pki");
+        let files = konn_bench::pki::write(&dir.0).unwrap();
+        Self { files, _dir: dir }
+    }
+
+    /// The server's side of a port that requires client certificates
+    /// signed by the CA (the frontend port over TCP, the agent port).
+    pub fn server_mtls(&self) -> ServerTls {
+        let f = &self.files;
+        let mut o = ServerTlsOptions::new(
+            PemSource::File(f.server_cert.clone()),
+            PemSource::File(f.server_key.clone()),
+        );
+        o.client_ca = Some(PemSource::File(f.ca_cert.clone()));
+        o.build().unwrap()
+    }
+
+    fn client(&self, cert: &std::path::Path, key: &std::path::Path) -> ClientTls {
+        let mut o = ClientTlsOptions::new(PemSource::File(self.files.ca_cert.clone()), "127.0.0.1");
+        o.identity = Some((
+            PemSource::File(cert.to_owned()),
+            PemSource::File(key.to_owned()),
+        ));
+        o.build().unwrap()
+    }
+
+    /// kube-apiserver's client certificate (gRPC: ALPN h2).
+    pub fn frontend_client(&self) -> ClientTls {
+        self.client(&self.files.frontend_cert, &self.files.frontend_key)
+    }
+
+    /// The agent's client certificate.
+    pub fn agent_client(&self) -> ClientTls {
+        self.client(&self.files.agent_cert, &self.files.agent_key)
+    }
+}
+
+/// How frontends reach the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// A Unix socket, plaintext (`--uds-name`).
+    Unix,
+    /// TCP with mTLS (`--server-port`); the agent port uses mTLS too.
+    Tls,
+}
+
+/// A change to the settings before the server starts.
+pub type Tweak<'a> = Box<dyn FnOnce(&mut ServerSettings) + 'a>;
+
+/// What to start.
+pub struct ServerSpec<'a> {
+    pub engine: Engine,
+    pub mode: Mode,
+    pub transport: Transport,
+    pub dir: &'a TempDir,
+    pub pki: Option<&'a Pki>,
+    pub workers: usize,
+    pub strategies: Vec<Strategy>,
+    /// The agent port's address (default: any free port).
+    pub agent_addr: Option<std::net::SocketAddr>,
+    /// Adjust the settings further.
+    pub tweak: Option<Tweak<'a>>,
+}
+
+impl<'a> ServerSpec<'a> {
+    pub fn new(engine: Engine, mode: Mode, transport: Transport, dir: &'a TempDir) -> Self {
+        Self {
+            engine,
+            mode,
+            transport,
+            dir,
+            pki: None,
+            workers: 2,
+            strategies: vec![Strategy::Default],
+            agent_addr: None,
+            tweak: None,
+        }
+    }
+
+    pub fn start(self) -> TestServer {
+        let frontend = match self.transport {
+            Transport::Unix => FrontendListen::Unix(self.dir.path("konn.sock")),
+            Transport::Tls => FrontendListen::Tcp("127.0.0.1:0".parse().unwrap()),
+        };
+        let mut s = ServerSettings::for_tests(frontend, self.mode);
+        s.runtime.workers = self.workers;
+        s.runtime.engine = engine_flag(self.engine);
+        s.strategies = self.strategies;
+        if let Some(a) = self.agent_addr {
+            s.agent_addr = a;
+        }
+        let mut frontend_tls = None;
+        let mut agent_tls = None;
+        if self.transport == Transport::Tls {
+            let pki = self.pki.expect("TLS needs a PKI");
+            s.frontend_tls = Some(pki.server_mtls());
+            s.agent_tls = Some(pki.server_mtls());
+            frontend_tls = Some(match self.mode {
+                Mode::Grpc => pki.frontend_client(),
+                Mode::HttpConnect => http1_tls(&pki.frontend_client()),
+            });
+            agent_tls = Some(pki.agent_client());
+        }
+        if let Some(t) = self.tweak {
+            t(&mut s);
+        }
+        let handle = start(s).unwrap();
+        TestServer {
+            engine: self.engine,
+            mode: self.mode,
+            handle: Some(handle),
+            frontend_tls,
+            agent_tls,
+        }
+    }
+}
+
+/// A running in-process proxy-server.
+pub struct TestServer {
+    pub engine: Engine,
+    pub mode: Mode,
+    pub handle: Option<ServerHandle>,
+    frontend_tls: Option<ClientTls>,
+    agent_tls: Option<ClientTls>,
+}
+
+/// Where and how a frontend connects (cheap to clone into tasks).
+#[derive(Clone)]
+pub struct FrontendAddr {
+    pub unix: Option<PathBuf>,
+    pub tcp: Option<String>,
+    pub tls: Option<ClientTls>,
+}
+
+impl FrontendAddr {
+    /// A new gRPC frontend connection (one per dial, as kube-apiserver).
+    pub async fn grpc(&self) -> Result<GrpcFrontend, konn_bench::Error> {
+        match (&self.unix, &self.tcp, &self.tls) {
+            (Some(p), _, _) => GrpcFrontend::connect_unix(p).await,
+            (None, Some(a), Some(tls)) => GrpcFrontend::connect_tls(a, tls).await,
+            _ => unreachable!("a server has a frontend"),
+        }
+    }
+
+    /// A CONNECT request to `target`, its answer not read yet.
+    pub async fn connect_request(&self, target: &str) -> Result<Requested, konn_bench::Error> {
+        match (&self.unix, &self.tcp, &self.tls) {
+            (Some(p), _, _) => ConnectTunnel::request_unix(p, target).await,
+            (None, Some(a), Some(tls)) => ConnectTunnel::request_tls(a, tls, target).await,
+            _ => unreachable!("a server has a frontend"),
+        }
+    }
+
+    /// A CONNECT to `target` through the server.
+    pub async fn connect(&self, target: &str) -> Result<ConnectTunnel, konn_bench::Error> {
+        match (&self.unix, &self.tcp, &self.tls) {
+            (Some(p), _, _) => ConnectTunnel::unix(p, target, T).await,
+            (None, Some(a), Some(tls)) => ConnectTunnel::tls(a, tls, target, T).await,
+            _ => unreachable!("a server has a frontend"),
+        }
+    }
+}
+
+/// The server's per-connection counters and tables, all zero when idle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Load {
+    pub proxy_streams: usize,
+    pub http_connections: usize,
+    pub pending_dials: i64,
+    pub established: i64,
+    /// `pending_backend_dials` as /metrics reports it.
+    pub pending_metric: i64,
+    /// `established_connections` as /metrics reports it.
+    pub established_metric: i64,
+}
+
+impl TestServer {
+    pub fn h(&self) -> &ServerHandle {
+        self.handle.as_ref().unwrap()
+    }
+
+    pub fn agent_addr(&self) -> std::net::SocketAddr {
+        self.h().agent_addr()
+    }
+
+    pub fn frontend(&self) -> FrontendAddr {
+        FrontendAddr {
+            unix: self.h().frontend_path().map(std::path::Path::to_path_buf),
+            tcp: self.h().frontend_addr().map(|a| a.to_string()),
+            tls: self.frontend_tls.clone(),
+        }
+    }
+
+    /// Agent tunnels the server holds now.
+    pub fn backends(&self) -> usize {
+        self.h().shared().backends.load(Ordering::Acquire)
+    }
+
+    pub fn load(&self) -> Load {
+        let s = self.h().shared();
+        let text = self.h().metrics().registry().render_to_string();
+        let gauge = |name: &str| {
+            metric(&text, &format!("konnectivity_network_proxy_server_{name}")).unwrap_or(-1.0)
+                as i64
+        };
+        Load {
+            proxy_streams: s.proxy_streams.load(Ordering::Acquire),
+            http_connections: s.http_connections.load(Ordering::Acquire),
+            pending_dials: s.pending_dials.load(Ordering::Acquire),
+            established: s.established.load(Ordering::Acquire),
+            pending_metric: gauge("pending_backend_dials"),
+            established_metric: gauge("established_connections"),
+        }
+    }
+
+    /// An agent (the full runtime, one worker) connected to this server
+    /// (or to `via`, a balancer in front of it), with `identifiers`.
+    pub fn agent(&self, id: &str, identifiers: &str, via: Option<std::net::SocketAddr>) -> Agent {
+        self.agent_with(id, identifiers, via, |_| {})
+    }
+
+    /// [`TestServer::agent`] with its settings adjusted by `tweak`.
+    pub fn agent_with(
+        &self,
+        id: &str,
+        identifiers: &str,
+        via: Option<std::net::SocketAddr>,
+        tweak: impl FnOnce(&mut AgentSettings),
+    ) -> Agent {
+        let address = via.unwrap_or_else(|| self.agent_addr()).to_string();
+        let mut s = AgentSettings::for_tests(address, id);
+        s.runtime.engine = engine_flag(self.engine);
+        s.runtime.workers = 1;
+        s.connect.agent_identifiers = identifiers.to_owned();
+        s.connect.tls = self.agent_tls.clone();
+        tweak(&mut s);
+        Agent::start(s)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.stop().unwrap();
+        }
+    }
+}
+
+/// A running agent.
+pub struct Agent {
+    pub handle: Option<AgentHandle>,
+}
+
+impl Agent {
+    pub fn start(settings: AgentSettings) -> Self {
+        Self {
+            handle: Some(run::start(settings).unwrap()),
+        }
+    }
+
+    pub fn h(&self) -> &AgentHandle {
+        self.handle.as_ref().unwrap()
+    }
+
+    /// `open_endpoint_connections`: destinations the agent holds open.
+    pub fn endpoints(&self) -> i64 {
+        let text = self.h().metrics().registry().render_to_string();
+        // (No series before the first endpoint.)
+        metric(
+            &text,
+            "konnectivity_network_proxy_agent_open_endpoint_connections",
+        )
+        .unwrap_or(0.0) as i64
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.stop().unwrap();
+        }
+    }
+}
+
+/// The value of the metric line starting with `series ` in a scrape.
+pub fn metric(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+/// Waits until `server` holds `n` agent tunnels, or panics.
+pub fn wait_backends(server: &TestServer, n: usize) {
+    assert!(
+        wait_until(T, || server.backends() == n),
+        "the server holds {} agent tunnels, expected {n}",
+        server.backends()
+    );
+}
+
+/// The process's resources at one moment: descriptors, and the threads
+/// of the parts under test (see [`component_threads`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Baseline {
+    pub fds: usize,
+    pub threads: usize,
+}
+
+impl Baseline {
+    pub fn take() -> Self {
+        Self {
+            fds: open_fds(),
+            threads: component_threads().len(),
+        }
+    }
+}
+
+/// Threads named by konn (`konn-worker-*`, `konn-agent-*`) and the
+/// per-connection threads of the test tools (`dest-conn`, `lb-relay`:
+/// they end when konn closes their connection); not the tools' accept
+/// threads, nor libtest's.
+pub fn component_threads() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .map(|n| n.trim_end().to_owned())
+                .filter(|n| {
+                    ["konn-", "dest-conn", "lb-relay"]
+                        .iter()
+                        .any(|p| n.starts_with(p))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// After everything a scenario started has stopped: descriptors and
+/// threads back to `before` (waits, bounded, for other threads to let go).
+pub fn assert_released(before: Baseline, what: &str) {
+    let ok = wait_until(T, || {
+        open_fds() <= before.fds && component_threads().len() <= before.threads
+    });
+    assert!(
+        ok,
+        "{what}: {} descriptors open (before: {}), threads {:?} (before: {}): {:?}",
+        open_fds(),
+        before.fds,
+        component_threads(),
+        before.threads,
+        fd_targets()
+    );
+}
+
+/// The leak check after a scenario, with the set-up still running: no
+/// frontend stream or CONNECT connection, no pending dial, no established
+/// connection (counters and /metrics), no agent endpoint, and no
+/// descriptor more than when it was idle. Waits (bounded) for all of it.
+pub fn assert_idle(server: &TestServer, agents: &[&Agent], idle: Baseline, what: &str) {
+    let clean = || {
+        server.load() == Load::default()
+            && agents.iter().all(|a| a.endpoints() == 0)
+            && open_fds() <= idle.fds
+            && component_threads().len() <= idle.threads
+    };
+    assert!(
+        wait_until(T, clean),
+        "{what}: left behind: server {:?}, agent endpoints {:?}, threads {:?} (idle: {}), {} descriptors open (idle: {}): {:?}",
+        server.load(),
+        agents.iter().map(|a| a.endpoints()).collect::<Vec<_>>(),
+        component_threads(),
+        idle.threads,
+        open_fds(),
+        idle.fds,
+        fd_targets()
+    );
+}
+
+/// Polls `cond` (bounded by [`T`]) without blocking the runtime.
+pub async fn wait_until_async(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = konn_core::io::clock::now() + T;
+    while !cond() {
+        if konn_core::io::clock::now() >= deadline {
+            return false;
+        }
+        monoio::time::sleep(Duration::from_millis(2)).await;
+    }
+    true
+}
+
+/// `fut`, or a panic naming `what` if it has not finished within [`T`]
+/// (writes wait for the peer's window or socket buffer: a flow that
+/// stalls must fail the test, not hang it).
+pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    match monoio::time::timeout(T, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: no progress within {T:?}"),
+    }
+}
