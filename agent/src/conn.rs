@@ -385,6 +385,7 @@ impl TunnelHandler {
                 }
                 Action::Close { connect_id } => {
                     if let Some(ep) = self.endpoints.remove(&connect_id) {
+                        tracing::debug!(connection_id = connect_id, "closing endpoint connection");
                         ep.close();
                     }
                 }
@@ -414,6 +415,7 @@ impl TunnelHandler {
                     connect_id,
                     address,
                 } => {
+                    tracing::debug!(connection_id = connect_id, %address, "dialing");
                     let cancel = Rc::new(Notify::new());
                     self.dials.insert(connect_id, cancel.clone());
                     monoio::spawn(dial(
@@ -426,6 +428,7 @@ impl TunnelHandler {
                 }
                 Action::CancelDial { connect_id } => {
                     if let Some(c) = self.dials.remove(&connect_id) {
+                        tracing::debug!(connection_id = connect_id, "dial cancelled (DIAL_CLS)");
                         c.notify();
                     }
                 }
@@ -606,8 +609,9 @@ async fn dial(
                 if !h.tunnel.dial_succeeded(connect_id) {
                     return; // cancelled meanwhile; the socket drops
                 }
-                ctx.observer
-                    .dial_succeeded(konn_core::io::clock::now().saturating_duration_since(started));
+                let elapsed = konn_core::io::clock::now().saturating_duration_since(started);
+                tracing::debug!(connection_id = connect_id, %address, ?elapsed, "dial succeeded");
+                ctx.observer.dial_succeeded(elapsed);
                 let ep = Rc::new(Endpoint::new(connect_id, ctx.observer.clone()));
                 h.endpoints.insert(connect_id, ep.clone());
                 // DIAL_RSP is queued before any DATA the reader produces.
@@ -617,6 +621,7 @@ async fn dial(
                 monoio::spawn(write_endpoint(h.me.clone(), ctx.clone(), ep, wr));
             }
             Err(e) => {
+                tracing::debug!(connection_id = connect_id, %address, error = %go_dial_error(&address, &e), "dial failed");
                 let why = if e == DialError::Timeout {
                     DialFailure::Timeout
                 } else {

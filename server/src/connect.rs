@@ -443,6 +443,7 @@ pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
         .insert(fid, FrontendRef::Connect(cf.clone()));
     bump(&worker.shared.http_connections, true);
     worker.metrics.http_connections().inc();
+    tracing::debug!(frontend = fid, %target, "CONNECT request");
     let random = worker.random();
     let dial = worker.dial_random();
     worker.router.borrow_mut().connect_request(

@@ -188,6 +188,9 @@ impl Handler<Grpc> for FrontendConn {
                         return;
                     }
                 };
+                if let Packet::DialReq { address, .. } = &packet {
+                    tracing::debug!(frontend = fid, %address, "DIAL_REQ from a gRPC frontend");
+                }
                 let random = self.worker.random();
                 if let Packet::DialReq { address, .. } = &packet
                     && self.should_move(fid, address, random)

@@ -1069,13 +1069,15 @@ impl Router {
             || self
                 .backends
                 .get(&backend)
-                .is_some_and(|b| b.pending.len() >= self.cfg.max_pending_per_backend)
-            || self.pending.contains_key(&dial);
-        if over || !self.backends.contains_key(&backend) {
+                .is_some_and(|b| b.pending.len() >= self.cfg.max_pending_per_backend);
+        let reused = self.pending.contains_key(&dial);
+        if over || reused || !self.backends.contains_key(&backend) {
             // Too many dials in flight, a reused dial id, or a backend of
             // another core (the IO layer migrates before dialling, so this
             // only happens in a race with its removal).
-            let why = if over {
+            let why = if reused {
+                "dial request id (random) already in use by a pending dial"
+            } else if over {
                 "too many pending dials"
             } else {
                 NO_AGENT

@@ -427,6 +427,7 @@ impl Worker {
                     backend,
                     connect_id,
                 } => {
+                    tracing::debug!(frontend, backend, connect_id, "CONNECT tunnel established");
                     if let Some(cf) = self.connect_frontend(frontend) {
                         cf.established(backend, connect_id);
                     }
@@ -437,12 +438,14 @@ impl Worker {
                     }
                 }
                 Action::ConnectFailed { frontend, response } => {
+                    tracing::debug!(frontend, "CONNECT dial failed; answering with the error");
                     if let Some(cf) = self.connect_frontend(frontend) {
                         cf.fail(response);
                     }
                     self.frontends.borrow_mut().remove(&frontend);
                 }
                 Action::CloseFrontend { frontend } => {
+                    tracing::debug!(frontend, "frontend connection closed");
                     let f = self.frontends.borrow_mut().remove(&frontend);
                     match f {
                         Some(FrontendRef::Grpc { outbox, stream }) => {
@@ -453,6 +456,7 @@ impl Worker {
                     }
                 }
                 Action::AbortFrontend { frontend } => {
+                    tracing::debug!(frontend, "frontend aborted (stopped reading)");
                     let f = self.frontends.borrow_mut().remove(&frontend);
                     if let Some(FrontendRef::Connect(cf)) = f {
                         cf.abort();
@@ -495,8 +499,14 @@ impl Worker {
                         }
                     }
                 }
-                Action::DialFailed(why) => self.metrics.dial_failures(failure_reason(why)).inc(),
-                Action::DialSucceeded(d) => self.metrics.dial_duration().observe_duration(d),
+                Action::DialFailed(why) => {
+                    tracing::debug!(reason = ?failure_reason(why), "dial failed");
+                    self.metrics.dial_failures(failure_reason(why)).inc();
+                }
+                Action::DialSucceeded(d) => {
+                    tracing::debug!(elapsed = ?d, "dial succeeded");
+                    self.metrics.dial_duration().observe_duration(d);
+                }
             }
         }
     }

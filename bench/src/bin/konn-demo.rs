@@ -73,7 +73,7 @@ impl Demo {
             format!("--admin-port={}", self.ports.admin),
             "--server-count=1".into(),
             "--graceful-shutdown-timeout=5s".into(),
-            "-v=6".into(),
+            "-v=2".into(),
         ];
         let log = self.dir.join(format!("proxy-server-{mode}.log"));
         Ok(Proc::spawn(&procs::binary("proxy-server")?, &args, &log)?)
@@ -93,7 +93,7 @@ impl Demo {
             "--admin-bind-address=127.0.0.1".into(),
             format!("--admin-server-port={}", self.ports.agent_admin),
             "--sync-interval=200ms".into(),
-            "-v=6".into(),
+            "-v=2".into(),
         ];
         let log = self.dir.join("proxy-agent.log");
         Ok(Proc::spawn(&procs::binary("proxy-agent")?, &args, &log)?)
@@ -365,7 +365,7 @@ fn run(dir: &Path) -> Result<()> {
     );
     connect_traffic(&demo.socket, http.addr())?;
     show_metrics(
-        demo.ports.agent_admin,
+        demo.ports.agent_health,
         &[
             "konnectivity_network_proxy_agent_open_server_connections",
             "konnectivity_network_proxy_agent_dial_duration_seconds_count",

@@ -472,6 +472,36 @@ fn pending_dial_limit_per_frontend() {
 }
 
 #[test]
+fn a_dial_id_in_use_is_refused_with_its_own_reason() {
+    let mut r = Router::new(
+        RouterConfig::default(),
+        Directory::new(vec![Strategy::Default]),
+    );
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    r.frontend_opened(11, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(7));
+    from_frontend(&mut r, t0(), 11, dial_req(7));
+    let acts = actions(&mut r);
+    assert_eq!(
+        to_backend_packets(&acts).len(),
+        1,
+        "only the first dial goes out"
+    );
+    assert_eq!(
+        to_frontend_packets(&acts),
+        vec![(
+            11,
+            dial_rsp(
+                7,
+                0,
+                "dial request id (random) already in use by a pending dial"
+            )
+        )]
+    );
+}
+
+#[test]
 fn stuck_frontend_is_closed_on_both_sides() {
     let mut r = established();
     r.frontend_stuck(10, "konn: frontend not reading");
