@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -251,11 +252,12 @@ func (c *connClient) dialFail(ctx context.Context, addr string) (string, error) 
 func (c *connClient) cancelDial(ctx context.Context, addr string, after time.Duration) (string, time.Duration, error) {
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var cancelled time.Time
+	var cancelledAt atomic.Int64 // UnixNano of the cancel; 0 before
 	timer := time.AfterFunc(after, func() {
-		cancelled = time.Now()
+		cancelledAt.Store(time.Now().UnixNano())
 		cancel()
 	})
+	sinceCancel := func() time.Duration { return time.Since(time.Unix(0, cancelledAt.Load())) }
 	defer timer.Stop()
 	type result struct {
 		c   net.Conn
@@ -272,12 +274,12 @@ func (c *connClient) cancelDial(ctx context.Context, addr string, after time.Dur
 			r.c.Close()
 			return "", 0, fmt.Errorf("the dial to %s succeeded", addr)
 		}
-		if cancelled.IsZero() {
+		if cancelledAt.Load() == 0 {
 			return "", 0, fmt.Errorf("the dial ended before it was cancelled: %v", r.err)
 		}
-		return c.describe(r.err), time.Since(cancelled), nil
+		return c.describe(r.err), sinceCancel(), nil
 	case <-ctx.Done():
-		return "", 0, fmt.Errorf("the dial had not returned %v after it was cancelled", time.Since(cancelled))
+		return "", 0, fmt.Errorf("the dial had not returned %v after it was cancelled", sinceCancel())
 	}
 }
 

@@ -47,6 +47,7 @@ var scenarios = []scenario{
 // cell is one client kind × server × agent, with its running processes.
 type cell struct {
 	t      *testing.T // the cell's test: processes it starts live until the cell ends
+	sub    *testing.T // the running scenario's test, for its log lines
 	e      *env
 	kind   clientKind
 	pair   pair
@@ -96,6 +97,7 @@ func runCell(t *testing.T, n int, kind clientKind, p pair) {
 			ctx, cancel := context.WithTimeout(context.Background(), sc.timeout)
 			defer cancel()
 			began := time.Now()
+			c.sub = t
 			note, err := sc.run(ctx, c)
 			record(c.key(), sc.name, note, err)
 			if err != nil {
@@ -197,7 +199,7 @@ func scBulk(ctx context.Context, c *cell) (string, error) {
 		return "", err
 	}
 	secs := time.Since(began).Seconds()
-	c.t.Logf("64 MiB each way in %.2fs (%.0f MiB/s each way)", secs, 64/secs)
+	c.sub.Logf("64 MiB each way in %.2fs (%.0f MiB/s each way)", secs, 64/secs)
 	return "", nil
 }
 
@@ -306,7 +308,7 @@ func scDialErrors(ctx context.Context, c *cell) (string, error) {
 			host, _, _ := net.SplitHostPort(addr)
 			alt := dialErrorWant(c.kind, addr, "dial tcp: lookup "+host+": no such host")
 			if got == alt && alt != want {
-				c.t.Logf("name error: konn %q, upstream %q", got, want)
+				c.sub.Logf("name error: konn %q, upstream %q", got, want)
 				notes = append(notes, `the konn agent's error for the unknown name lacks Go's " on <DNS server>" (see the differences below)`)
 				continue
 			}
@@ -521,7 +523,7 @@ func scServerRestart(ctx context.Context, c *cell) (string, error) {
 	if !c.agent.p.running() {
 		return "", fmt.Errorf("the agent exited (%s)", c.agent.p.status())
 	}
-	c.t.Logf("agent reconnected %v after the server restarted", time.Since(began).Round(time.Millisecond))
+	c.sub.Logf("agent reconnected %v after the server restarted", time.Since(began).Round(time.Millisecond))
 	if err := expectHello(ctx, c.client, c.e.dest); err != nil {
 		return "", fmt.Errorf("after the restart: %v", err)
 	}
@@ -589,7 +591,7 @@ func scLB(ctx context.Context, c *cell) (string, error) {
 			return "", fmt.Errorf("through %s: %v\n%s", s.id, err, s.p.tail(15))
 		}
 	}
-	c.t.Logf("the balancer spread the agent's connections %v", lb.counts())
+	c.sub.Logf("the balancer spread the agent's connections %v", lb.counts())
 	return "", nil
 }
 
