@@ -19,9 +19,12 @@
 //! **Flow control.** A message handed out zero-copy still occupies the
 //! peer's window: its [`GrpcEvent::Message::flow`] bytes go back to the peer
 //! only when the application calls [`Grpc::release`], so a slow consumer
-//! slows its sender. Bytes the deframer must copy to reassemble a message
-//! split over frames are released at once (they are bounded by the maximum
-//! message size), so a window smaller than a message can never deadlock.
+//! slows its sender. A message split over frames (grpc-go sends 32 KiB
+//! messages as several 16 KiB frames) owes the credit of every frame it
+//! took: the deframer holds the credit of the bytes it copied and adds it
+//! to the message's `flow`. Only what exceeds half of our initial stream
+//! window is released at once, so a message larger than the window can
+//! never deadlock the stream.
 //!
 //! **Sending.** [`Grpc::send_framed`] takes a message that already carries
 //! its 5-byte prefix (e.g. from `Packet::encode_grpc` into a pooled buffer),
@@ -112,6 +115,9 @@ struct Call {
     headers_done: bool,
     /// Our side of the call is finished (trailers / END_STREAM queued).
     local_done: bool,
+    /// Credit of the bytes the deframer copied for the message it is
+    /// assembling; the message's `flow` carries it.
+    held: usize,
 }
 
 /// gRPC calls over one HTTP/2 connection. See the module docs.
@@ -238,7 +244,7 @@ impl Grpc {
 
     /// Abandon a call: reset its stream with CANCEL. No event follows.
     pub fn cancel(&mut self, id: u32) {
-        if self.calls.remove(&id).is_some() {
+        if self.remove_call(id).is_some() {
             self.conn.reset_stream(id, Reason::CANCEL);
             if self.conn.role() == Role::Server {
                 self.conn.release_stream(id);
@@ -304,7 +310,7 @@ impl Grpc {
     /// trailers-only response if no headers were sent). The stream is
     /// released; no event follows.
     pub fn finish(&mut self, id: u32, status: GrpcStatus, message: &str) -> Result<(), Error> {
-        let Some(mut call) = self.calls.remove(&id) else {
+        let Some(mut call) = self.remove_call(id) else {
             return Err(Error::StreamClosed(id));
         };
         if !call.local_done {
@@ -353,6 +359,7 @@ impl Grpc {
     fn new_call(&self) -> Call {
         Call {
             deframer: Deframer::new(self.max_message),
+            held: 0,
             headers_done: false,
             local_done: false,
         }
@@ -377,7 +384,7 @@ impl Grpc {
                 } => self.on_data(id, data, end_stream),
                 Event::Trailers { id, headers } => self.on_trailers(id, headers),
                 Event::Reset { id, reason, .. } => {
-                    if self.calls.remove(&id).is_some() {
+                    if self.remove_call(id).is_some() {
                         if self.conn.role() == Role::Server {
                             self.conn.release_stream(id);
                         }
@@ -469,6 +476,7 @@ impl Grpc {
     }
 
     fn on_data(&mut self, id: u32, mut data: Bytes, end_stream: bool) {
+        let hold_max = (self.conn.local_settings().initial_window_size / 2) as usize;
         let Some(call) = self.calls.get_mut(&id) else {
             // Call already finished locally: give the credit back.
             self.conn.release_capacity(id, data.len());
@@ -481,20 +489,24 @@ impl Grpc {
                 Ok(Some(msg)) => {
                     let consumed = before - data.len();
                     let framed = prefixed_slice(&whole, &msg);
-                    // What was copied into the deframer earlier has already
-                    // been released; this message owes what it took now.
+                    // The message owes what it took from this frame and
+                    // what its earlier frames left with the deframer.
+                    let flow = consumed + std::mem::take(&mut call.held);
                     self.events.push_back(GrpcEvent::Message {
                         id,
                         msg,
                         framed,
-                        flow: consumed,
+                        flow,
                     });
                 }
                 Ok(None) => {
-                    // The rest was buffered (copied) by the deframer.
+                    // The rest was buffered (copied) by the deframer: its
+                    // credit waits for the message, up to `hold_max`.
                     let consumed = before - data.len();
-                    if consumed > 0 {
-                        self.conn.release_capacity(id, consumed);
+                    let keep = consumed.min(hold_max.saturating_sub(call.held));
+                    call.held += keep;
+                    if consumed > keep {
+                        self.conn.release_capacity(id, consumed - keep);
                     }
                     break;
                 }
@@ -511,6 +523,15 @@ impl Grpc {
         if end_stream {
             self.on_remote_end(id);
         }
+    }
+
+    /// Forget a call, returning the credit its partial message held.
+    fn remove_call(&mut self, id: u32) -> Option<Call> {
+        let call = self.calls.remove(&id)?;
+        if call.held > 0 {
+            self.conn.release_capacity(id, call.held);
+        }
+        Some(call)
     }
 
     fn on_trailers(&mut self, id: u32, headers: Headers) {
@@ -544,7 +565,7 @@ impl Grpc {
     }
 
     fn finish_client(&mut self, id: u32, trailers: Headers, http: u16) {
-        let Some(call) = self.calls.remove(&id) else {
+        let Some(call) = self.remove_call(id) else {
             return;
         };
         let (status, message) = match trailers.get(b"grpc-status").map(|v| wire::parse_status(v)) {
@@ -574,7 +595,7 @@ impl Grpc {
 
     /// End a call because of a local failure: reset the stream and report.
     fn fail_call(&mut self, id: u32, status: GrpcStatus, message: String) {
-        if self.calls.remove(&id).is_none() {
+        if self.remove_call(id).is_none() {
             return;
         }
         match self.conn.role() {
@@ -616,7 +637,7 @@ impl Grpc {
         let mut ids: Vec<u32> = self.calls.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
-            self.calls.remove(&id);
+            self.remove_call(id);
             self.push_finished(id, GrpcStatus::UNAVAILABLE, reason.clone(), None);
         }
     }

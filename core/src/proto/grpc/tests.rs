@@ -264,6 +264,69 @@ fn unreleased_messages_hold_back_the_sender() {
     assert!(client.queued_bytes(id) > 30_000);
 }
 
+/// grpc-go sends 32 KiB messages as several 16 KiB DATA frames: each
+/// message must owe the credit of all its frames, or a consumer that does
+/// not release cannot hold back its sender (the bug this guards: only the
+/// last frame's bytes were owed).
+#[test]
+fn messages_split_over_frames_owe_all_their_credit() {
+    let mut s = Config::new(Role::Server);
+    s.stream_window = 1 << 20;
+    s.conn_window = 4 << 20;
+    let now = crate::proto::test_epoch();
+    let mut client = Grpc::new(Connection::new(Config::new(Role::Client), now), 4 << 20);
+    let mut server = Grpc::new(Connection::new(s, now), 4 << 20);
+    let id = client
+        .start_call(
+            "https",
+            Bytes::from_static(b"a"),
+            Bytes::from_static(b"/P/P"),
+            &Headers::new(),
+        )
+        .unwrap();
+    const MSG: usize = 32 << 10;
+    for _ in 0..100 {
+        client.send_message(id, &[7u8; MSG]).unwrap();
+    }
+    let (mut c2s, mut s2c) = (BytesMut::new(), BytesMut::new());
+    let mut flows = Vec::new();
+    for _ in 0..200 {
+        client.poll_transmit(now, &mut c2s, 1 << 20);
+        server.poll_transmit(now, &mut s2c, 1 << 20);
+        server.handle_input(now, &mut c2s).unwrap();
+        client.handle_input(now, &mut s2c).unwrap();
+        while let Some(e) = server.poll_event() {
+            if let GrpcEvent::Message { flow, .. } = e {
+                flows.push(flow); // never released
+            }
+        }
+        while client.poll_event().is_some() {}
+    }
+    assert!(
+        flows.iter().all(|&f| f == MSG + 5),
+        "each message owes its prefix and payload: {flows:?}"
+    );
+    // The 1 MiB stream window holds 31 whole messages of 32 KiB + 5; the
+    // 32nd is cut short by the window.
+    assert_eq!(flows.len(), 31, "an unreleased consumer stops its sender");
+    // Releasing them lets the rest through.
+    server.release(id, flows.iter().sum());
+    for _ in 0..200 {
+        client.poll_transmit(now, &mut c2s, 1 << 20);
+        server.poll_transmit(now, &mut s2c, 1 << 20);
+        server.handle_input(now, &mut c2s).unwrap();
+        client.handle_input(now, &mut s2c).unwrap();
+        while let Some(e) = server.poll_event() {
+            if let GrpcEvent::Message { flow, .. } = e {
+                server.release(id, flow);
+                flows.push(flow);
+            }
+        }
+        while client.poll_event().is_some() {}
+    }
+    assert_eq!(flows.len(), 100);
+}
+
 #[test]
 fn client_reset_finishes_server_call_cancelled() {
     let mut p = Pair::new();

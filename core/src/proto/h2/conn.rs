@@ -259,6 +259,12 @@ impl Connection {
         &self.remote
     }
 
+    /// Our settings as advertised so far (the initial window may have grown
+    /// by BDP estimation).
+    pub fn local_settings(&self) -> &Settings {
+        &self.local
+    }
+
     /// Counters.
     pub fn stats(&self) -> Stats {
         Stats {
