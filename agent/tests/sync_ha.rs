@@ -44,13 +44,15 @@ fn holds_one_tunnel_per_server_behind_a_load_balancer() {
         let agent = run::start(agent_settings(engine, lb.addr().to_string(), "agent-ha")).unwrap();
         let backends = |s: &[&TestServer]| s.iter().map(|s| s.backends()).collect::<Vec<_>>();
         let all = [&servers[0], &servers[1], &servers[2]];
+        // A server counts the backend when it accepts the stream, the agent
+        // when the response headers arrive a moment later: wait for both.
         assert!(
-            wait_until(T, || backends(&all) == [1, 1, 1]),
+            wait_until(T, || backends(&all) == [1, 1, 1]
+                && agent.status().connected_servers == 3),
             "{:?} {:?}",
             backends(&all),
             agent.status()
         );
-        assert_eq!(agent.status().connected_servers, 3);
         assert_eq!(agent.status().known_server_count, 3);
         // The set is full: no more dialling (the round-robin balancer gave
         // three distinct servers to three attempts).
@@ -126,12 +128,13 @@ fn sync_forever_keeps_dialling_and_closes_every_duplicate() {
             agent.status()
         );
         assert!(
-            wait_until(T, || servers.iter().all(|s| s.backends() == 1)),
-            "{:?}",
-            servers.iter().map(TestServer::backends).collect::<Vec<_>>()
+            wait_until(T, || servers.iter().all(|s| s.backends() == 1)
+                && agent.status().connected_servers == 2),
+            "{:?} {:?}",
+            servers.iter().map(TestServer::backends).collect::<Vec<_>>(),
+            agent.status()
         );
         let status = agent.status();
-        assert_eq!(status.connected_servers, 2);
         assert_eq!(status.failures, 0, "{status:?}");
         assert!(lb.accepted() >= 12);
         agent.stop().unwrap();
