@@ -190,6 +190,9 @@ struct Ctx {
     pool: BufPool,
     settings: TunnelSettings,
     observer: Rc<dyn TunnelObserver>,
+    /// The tunnel ended: the stuck watch stops.
+    closed: Cell<bool>,
+    wake_watch: Notify,
 }
 
 /// One endpoint (dialled destination connection).
@@ -260,6 +263,8 @@ pub struct TunnelHandler {
     report: Box<dyn FnMut(TunnelEvent)>,
     connected: bool,
     counters: TunnelCounters,
+    /// The stuck watch runs (from the first endpoint on).
+    watching: bool,
 }
 
 type Handle = ConnHandle<Grpc, TunnelHandler>;
@@ -290,6 +295,8 @@ impl TunnelHandler {
                 pool,
                 settings,
                 observer,
+                closed: Cell::new(false),
+                wake_watch: Notify::new(),
             }),
             endpoints: HashMap::new(),
             dials: HashMap::new(),
@@ -297,6 +304,7 @@ impl TunnelHandler {
             report,
             connected: false,
             counters: TunnelCounters::default(),
+            watching: false,
         }
     }
 
@@ -579,6 +587,8 @@ impl Handler<Grpc> for TunnelHandler {
         }
         self.shut_everything(grpc);
         self.dials.clear();
+        self.ctx.closed.set(true);
+        self.ctx.wake_watch.notify();
         (self.report)(TunnelEvent::Closed);
     }
 }
@@ -618,7 +628,10 @@ async fn dial(
                 h.apply(g);
                 let (rd, wr) = stream.into_split();
                 monoio::spawn(read_endpoint(h.me.clone(), ctx.clone(), ep.clone(), rd));
-                monoio::spawn(write_endpoint(h.me.clone(), ctx.clone(), ep, wr));
+                monoio::spawn(write_endpoint(h.me.clone(), ep, wr));
+                if !std::mem::replace(&mut h.watching, true) {
+                    monoio::spawn(watch_stuck(h.me.clone(), ctx.clone()));
+                }
             }
             Err(e) => {
                 tracing::debug!(connection_id = connect_id, %address, error = %go_dial_error(&address, &e), "dial failed");
@@ -633,6 +646,30 @@ async fn dial(
             }
         }
     });
+}
+
+/// The tunnel's one stuck timer: every tick it hands the writers' drain
+/// reports to the tunnel, which closes the endpoints that drained nothing
+/// for the stuck timeout. One timer per tunnel instead of one per write
+/// keeps the timer wheel off the data path and an idle endpoint's writer
+/// small. Ends with the tunnel.
+async fn watch_stuck(me: WeakConnHandle<Grpc, TunnelHandler>, ctx: Rc<Ctx>) {
+    let tick = stuck_tick(ctx.settings.stuck_timeout());
+    while !ctx.closed.get() {
+        if let Either::Right(()) = race(monoio::time::sleep(tick), ctx.wake_watch.notified()).await
+        {
+            continue;
+        }
+        let Some(h) = me.upgrade() else { return };
+        let _ = h.with(|g, t| t.check_stuck(g));
+    }
+}
+
+/// How often the stuck watch looks: a quarter of the stuck timeout, at
+/// least every second and at most every 10 ms. An endpoint is closed
+/// within one tick after its stuck timeout.
+fn stuck_tick(stuck_timeout: Duration) -> Duration {
+    (stuck_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// Destination → tunnel.
@@ -710,11 +747,9 @@ async fn read_endpoint(
 /// asks the tunnel whether the endpoint is stuck.
 async fn write_endpoint(
     me: WeakConnHandle<Grpc, TunnelHandler>,
-    ctx: Rc<Ctx>,
     ep: Rc<Endpoint>,
     mut wr: TcpOwnedWriteHalf,
 ) {
-    let stuck_timeout = ctx.settings.stuck_timeout();
     'queue: loop {
         let next = ep.queue.borrow_mut().pop_front();
         let Some(mut data) = next else {
@@ -725,23 +760,11 @@ async fn write_endpoint(
             continue;
         };
         while !data.is_empty() {
-            let mut write = std::pin::pin!(wr.write(data.clone()));
-            let written = loop {
-                let wait = race(ep.abort.notified(), monoio::time::sleep(stuck_timeout));
-                match race(write.as_mut(), wait).await {
-                    Either::Left((r, _)) => break r,
-                    Either::Right(Either::Left(())) => break 'queue,
-                    Either::Right(Either::Right(())) => {
-                        // Nothing written for the stuck timeout: the
-                        // tunnel decides (and aborts the endpoint if so).
-                        if let Some(h) = me.upgrade() {
-                            let _ = h.with(|g, t| t.check_stuck(g));
-                        }
-                        if ep.aborted.get() {
-                            break 'queue;
-                        }
-                    }
-                }
+            // A destination that stops reading blocks this write; the
+            // tunnel's stuck watch aborts the endpoint, which ends it.
+            let written = match race(wr.write(data.clone()), ep.abort.notified()).await {
+                Either::Left((r, _)) => r,
+                Either::Right(()) => break 'queue,
             };
             match written {
                 Ok(n) if n > 0 => {
@@ -772,6 +795,8 @@ async fn write_endpoint(
         }
     }
     if !ep.aborted.get() {
-        let _ = monoio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
+        // Boxed: a timer in the task's state would size it for its whole
+        // life; this runs once, at the end.
+        let _ = Box::pin(monoio::time::timeout(Duration::from_secs(1), wr.shutdown())).await;
     }
 }

@@ -610,7 +610,9 @@ async fn serve_frontend(worker: Rc<Worker>, sock: FrontSock, migrate: Rc<dyn Fn(
                 tls,
                 BytesMut::new(),
             );
-            connect_frontend(worker, wire, migrate).await;
+            // Boxed: the CONNECT state is larger than the gRPC one and
+            // would otherwise size every gRPC frontend's task.
+            Box::pin(connect_frontend(worker, wire, migrate)).await;
         }
     }
 }
@@ -634,14 +636,19 @@ impl Movable for UnixStream {
 
 /// Run a gRPC frontend connection; move it when its first dial says so.
 /// `resumed` carries the state of a connection that moved here.
-async fn run_grpc_frontend<IO: Movable>(
+///
+/// The set-up is synchronous and only the driver loop is async, so the
+/// task's state does not keep room for `grpc` and `tls` after they moved
+/// into the driver (an `async fn` keeps its arguments' slots alive: 2.4 KiB
+/// per idle connection).
+fn run_grpc_frontend<IO: Movable>(
     worker: Rc<Worker>,
     io: IO,
     grpc: Grpc,
     tls: Option<TlsLayer>,
     resumed: Option<((BytesMut, BytesMut), Plan)>,
     migrate: Rc<dyn Fn(usize, Migrant)>,
-) {
+) -> impl Future<Output = ()> {
     let s = worker.settings.clone();
     let outbox = Rc::new(Outbox::new());
     let plan = Rc::new(RefCell::new(None));
@@ -670,32 +677,34 @@ async fn run_grpc_frontend<IO: Movable>(
             }
         });
     }
-    let outcome = handle.run_detachable(io).await;
-    worker.connections.borrow_mut().remove(&id);
-    match outcome {
-        Ok(Some(detached)) => {
-            let Some(plan) = plan.borrow_mut().take() else {
-                return;
-            };
-            let target = plan.target;
-            match detached.io.detach() {
-                Ok(fd) => migrate(
-                    target,
-                    Migrant {
-                        fd,
-                        kind: MigrantKind::Grpc {
-                            session: Box::new(detached.session),
-                            tls: detached.tls,
-                            input: detached.input,
-                            plan,
+    async move {
+        let outcome = handle.run_detachable(io).await;
+        worker.connections.borrow_mut().remove(&id);
+        match outcome {
+            Ok(Some(detached)) => {
+                let Some(plan) = plan.borrow_mut().take() else {
+                    return;
+                };
+                let target = plan.target;
+                match detached.io.detach() {
+                    Ok(fd) => migrate(
+                        target,
+                        Migrant {
+                            fd,
+                            kind: MigrantKind::Grpc {
+                                session: Box::new(detached.session),
+                                tls: detached.tls,
+                                input: detached.input,
+                                plan,
+                            },
                         },
-                    },
-                ),
-                Err(e) => tracing::warn!(error = %e, "could not move a frontend connection"),
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "could not move a frontend connection"),
+                }
             }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "frontend connection ended"),
         }
-        Ok(None) => {}
-        Err(e) => tracing::debug!(error = %e, "frontend connection ended"),
     }
 }
 
@@ -774,7 +783,10 @@ async fn adopt(worker: Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, Migrant
                 MovingFd::Unix(f) => f.attach().map(Sock::Unix),
             };
             match sock {
-                Ok(sock) => serve_connect(worker, Wire::new(sock, tls, plain), target).await,
+                Ok(sock) => {
+                    // Boxed for the reason given in `serve_frontend`.
+                    Box::pin(serve_connect(worker, Wire::new(sock, tls, plain), target)).await
+                }
                 Err(e) => tracing::warn!(error = %e, "could not adopt a CONNECT connection"),
             }
         }

@@ -53,7 +53,7 @@ use std::{
     future::{Future, poll_fn},
     io,
     panic::AssertUnwindSafe,
-    pin::pin,
+    pin::{Pin, pin},
     rc::{Rc, Weak},
     str::FromStr,
     sync::{
@@ -61,7 +61,7 @@ use std::{
         atomic::{AtomicBool, Ordering, fence},
         mpsc,
     },
-    task::{Poll, Waker},
+    task::{Context, Poll, Waker},
     thread,
     time::Duration,
 };
@@ -1110,7 +1110,7 @@ pub struct Stopped<'a> {
 impl Future for Stopped<'_> {
     type Output = ();
 
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if self.token.is_stopped() {
             return Poll::Ready(());
         }
@@ -1165,47 +1165,96 @@ pub enum Either<A, B> {
 
 /// Polls `a` then `b` until one finishes; the other is dropped (pass
 /// `Pin<&mut F>` to keep it). Biased towards `a`.
-pub async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
-    let mut a = pin!(a);
-    let mut b = pin!(b);
-    poll_fn(|cx| {
-        if let Poll::Ready(out) = a.as_mut().poll(cx) {
+///
+/// A named future rather than an `async fn`: an `async fn` keeps its
+/// arguments twice in its state (as captured and as pinned locals), and the
+/// doubling compounds with nesting — a driver's readiness wait, a race of a
+/// read, a notification and a timer, was 3 KiB per idle connection.
+pub fn race<A: Future, B: Future>(a: A, b: B) -> Race<A, B> {
+    Race { a, b }
+}
+
+/// The future of [`race`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Race<A, B> {
+    a: A,
+    b: B,
+}
+
+impl<A: Future, B: Future> Future for Race<A, B> {
+    type Output = Either<A::Output, B::Output>;
+
+    #[allow(unsafe_code)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: structural pinning of both fields: they are never moved
+        // out of a pinned `Race` (nothing hands out `&mut A` or `&mut B`,
+        // there is no `Drop` impl), and `Race` is `Unpin` only when both
+        // are.
+        let this = unsafe { self.get_unchecked_mut() };
+        // SAFETY: as above; `this.a` stays where it is until dropped.
+        if let Poll::Ready(out) = unsafe { Pin::new_unchecked(&mut this.a) }.poll(cx) {
             return Poll::Ready(Either::Left(out));
         }
-        if let Poll::Ready(out) = b.as_mut().poll(cx) {
+        // SAFETY: as above.
+        if let Poll::Ready(out) = unsafe { Pin::new_unchecked(&mut this.b) }.poll(cx) {
             return Poll::Ready(Either::Right(out));
         }
         Poll::Pending
-    })
-    .await
+    }
 }
 
-/// Polls `a` and `b` until both finished; returns both outputs.
-pub async fn join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
-    let mut a = pin!(a);
-    let mut b = pin!(b);
-    let (mut ra, mut rb) = (None, None);
-    poll_fn(|cx| {
-        if ra.is_none()
-            && let Poll::Ready(out) = a.as_mut().poll(cx)
+/// Polls `a` and `b` until both finished; returns both outputs. A named
+/// future for the reason given at [`race`].
+pub fn join<A: Future, B: Future>(a: A, b: B) -> Join<A, B> {
+    Join {
+        a,
+        b,
+        ra: None,
+        rb: None,
+    }
+}
+
+/// The future of [`join`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Join<A: Future, B: Future> {
+    a: A,
+    b: B,
+    ra: Option<A::Output>,
+    rb: Option<B::Output>,
+}
+
+impl<A: Future, B: Future> Future for Join<A, B> {
+    type Output = (A::Output, B::Output);
+
+    #[allow(unsafe_code)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: structural pinning of `a` and `b` only (see `Race`): they
+        // are never moved out; the outputs `ra`/`rb` are not pinned and are
+        // moved freely. No `Drop` impl.
+        let this = unsafe { self.get_unchecked_mut() };
+        if this.ra.is_none()
+            // SAFETY: as above.
+            && let Poll::Ready(out) = unsafe { Pin::new_unchecked(&mut this.a) }.poll(cx)
         {
-            ra = Some(out);
+            this.ra = Some(out);
         }
-        if rb.is_none()
-            && let Poll::Ready(out) = b.as_mut().poll(cx)
+        if this.rb.is_none()
+            // SAFETY: as above.
+            && let Poll::Ready(out) = unsafe { Pin::new_unchecked(&mut this.b) }.poll(cx)
         {
-            rb = Some(out);
+            this.rb = Some(out);
         }
-        match (ra.take(), rb.take()) {
+        match (this.ra.take(), this.rb.take()) {
             (Some(x), Some(y)) => Poll::Ready((x, y)),
             (x, y) => {
-                ra = x;
-                rb = y;
+                this.ra = x;
+                this.rb = y;
                 Poll::Pending
             }
         }
-    })
-    .await
+    }
 }
 
 /// Lets the other tasks of this worker run once: wakes itself and returns
