@@ -192,7 +192,9 @@ pub trait Handler<S: Session> {
 /// The state shared by a connection's tasks and its handles.
 pub struct Conn<S, H> {
     session: RefCell<S>,
-    tls: RefCell<Option<TlsLayer>>,
+    /// Boxed: 1.2 KiB inline would cost every plaintext connection (the
+    /// Unix-socket frontends) as much as a TLS one.
+    tls: RefCell<Option<Box<TlsLayer>>>,
     handler: RefCell<H>,
     wake_writer: Notify,
     wake_reader: Notify,
@@ -271,7 +273,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     pub fn new(session: S, tls: Option<TlsLayer>, handler: H, cfg: DriverConfig) -> Self {
         Self(Rc::new(Conn {
             session: RefCell::new(session),
-            tls: RefCell::new(tls),
+            tls: RefCell::new(tls.map(Box::new)),
             handler: RefCell::new(handler),
             wake_writer: Notify::new(),
             wake_reader: Notify::new(),
@@ -417,7 +419,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             if let (Ok(Some(wr)), Some(rd)) = (write_result, rd) {
                 let session =
                     std::mem::replace(&mut *self.0.session.borrow_mut(), S::placeholder());
-                let tls = self.0.tls.borrow_mut().take();
+                let tls = self.0.tls.borrow_mut().take().map(|t| *t);
                 self.0.closed.set(true);
                 return Ok(Some(Halted {
                     rd,
@@ -732,7 +734,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 .tls
                 .borrow()
                 .as_ref()
-                .is_some_and(TlsLayer::is_handshaking);
+                .is_some_and(|t| t.is_handshaking());
             let h2_deadline = self
                 .session
                 .borrow()
@@ -762,7 +764,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                     .tls
                     .borrow()
                     .as_ref()
-                    .is_some_and(TlsLayer::is_handshaking)
+                    .is_some_and(|t| t.is_handshaking())
             {
                 self.finish(Some(Error::TlsHandshakeTimeout(self.cfg.handshake_timeout)));
                 return;
