@@ -680,6 +680,10 @@ async fn read_endpoint(
     mut rd: TcpOwnedReadHalf,
 ) {
     let stream = ctx.stream.get();
+    // The last read filled its buffer: more is probably waiting (see
+    // `konn_core::io::sock::ReadReady` on why a drained socket must be
+    // asked precisely).
+    let mut full = false;
     loop {
         if ep.closing.get() {
             return;
@@ -706,7 +710,7 @@ async fn read_endpoint(
             continue;
         }
         // Idle endpoints hold no buffer: wait for data first.
-        if let Either::Right(_) = race(sock::readable(&rd), ep.stop_reader.notified()).await {
+        if let Either::Right(_) = race(sock::readable(&rd, full), ep.stop_reader.notified()).await {
             return;
         }
         let mut buf = ctx.pool.acquire().await;
@@ -718,7 +722,10 @@ async fn read_endpoint(
         };
         let mut buf = slice.into_inner();
         let n = match res {
-            Ok(n) if n > 0 => n,
+            Ok(n) if n > 0 => {
+                full = n == MAX_DATA_PAYLOAD;
+                n
+            }
             // EOF or a read error: everything read so far is already queued
             // on the tunnel, so CLOSE_RSP follows it.
             _ => {

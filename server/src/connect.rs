@@ -59,10 +59,11 @@ pub enum Sock {
 }
 
 impl Sock {
-    async fn readable(&self) -> std::io::Result<()> {
+    /// `relaxed` as in [`konn_core::io::sock::ReadReady`].
+    async fn readable(&self, relaxed: bool) -> std::io::Result<()> {
         match self {
-            Self::Tcp(s) => s.readable(true).await,
-            Self::Unix(s) => s.readable(true).await,
+            Self::Tcp(s) => s.readable(relaxed).await,
+            Self::Unix(s) => s.readable(relaxed).await,
         }
     }
 
@@ -489,7 +490,7 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
             continue;
         }
         // Readable first, so a quiet client holds no buffer.
-        if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable()).await {
+        if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable(false)).await {
             continue;
         }
         match wire.fill_or_wake(Some(&cf.wake)).await {
@@ -511,6 +512,8 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
         let chunk = wire.plain.split_to(n);
         send_data(worker, fid, connect_id, &chunk, None);
     }
+    // The last read filled its buffer (see `ReadReady` on `relaxed`).
+    let mut full = false;
     loop {
         // Agent → client, in order, each write bounded.
         let next = cf.queue.borrow_mut().pop_front();
@@ -559,7 +562,7 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
             // Plaintext: wait for data first (an idle connection holds no
             // buffer), then read straight into a pooled buffer after the
             // headroom; agent data arriving meanwhile interrupts the read.
-            if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable()).await {
+            if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable(full)).await {
                 continue;
             }
             let mut buf = worker.pool.acquire().await;
@@ -576,7 +579,10 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
                 .await;
             match r {
                 None => continue,
-                Some(Ok(n)) if n > 0 => send_data(worker, fid, connect_id, &[], Some((buf, n))),
+                Some(Ok(n)) if n > 0 => {
+                    full = n == MAX_DATA_PAYLOAD;
+                    send_data(worker, fid, connect_id, &[], Some((buf, n)));
+                }
                 Some(_) => return, // client EOF or error: CLOSE_REQ via frontend_gone
             }
         } else {

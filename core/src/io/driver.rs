@@ -531,9 +531,10 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         &self,
         reader: &R,
         buf: &mut BytesMut,
+        relaxed: bool,
     ) -> Result<bool, Error> {
         let first = race(
-            reader.read_ready(),
+            reader.read_ready(relaxed),
             race(self.closing.notified(), monoio::time::sleep(IDLE_RELEASE)),
         )
         .await;
@@ -542,7 +543,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             Either::Right(Either::Left(())) => return Ok(false),
             Either::Right(Either::Right(())) => *buf = BytesMut::new(),
         }
-        match race(reader.read_ready(), self.closing.notified()).await {
+        match race(reader.read_ready(false), self.closing.notified()).await {
             Either::Left(r) => r.map(|()| true).map_err(Error::Io),
             Either::Right(()) => Ok(false),
         }
@@ -555,6 +556,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         plain: &mut BytesMut,
     ) -> Result<(), Error> {
         let tls = self.tls.borrow().is_some();
+        let mut relaxed = false;
         loop {
             // Process what is buffered first (reading may have paused).
             if self.session.borrow().h2().wants_read() {
@@ -588,11 +590,12 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             let Some(reader) = rd.as_mut() else {
                 return Ok(());
             };
-            if buf.is_empty() && !self.wait_readable(reader, buf).await? {
+            if buf.is_empty() && !self.wait_readable(reader, buf, relaxed).await? {
                 return Ok(()); // stopping
             }
             buf.reserve(READ_CHUNK);
             let len = buf.len();
+            let want = buf.capacity() - len;
             let owned = std::mem::take(buf);
             let read = reader.read(owned.slice_mut(len..));
             let (res, slice) = match race(read, self.closing.notified()).await {
@@ -605,6 +608,9 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             };
             *buf = slice.into_inner();
             let n = res.map_err(Error::Io)?;
+            // A full read suggests more is waiting; a short one that the
+            // socket is drained (see `ReadReady`).
+            relaxed = n == want;
             if n == 0 {
                 if let Some(t) = self.tls.borrow_mut().as_mut() {
                     t.feed_eof()?;

@@ -9,40 +9,50 @@ use monoio::net::{TcpStream, UnixStream};
 
 /// Sockets (and read halves) that can wait for data without a read in
 /// flight, so an idle connection need not hold a buffer.
+///
+/// `relaxed`: under epoll, trust monoio's cached readiness. It stays set
+/// until a read would block, so after a read that drained the socket it is
+/// a false positive: the next read would then park *with its buffer* until
+/// data comes, and an idle connection would keep its read buffer. Callers
+/// pass `relaxed = false` after a read that did not fill its buffer (the
+/// socket is probably drained): monoio then asks the kernel (`poll`, one
+/// syscall — in place of the read that would have found nothing). io_uring
+/// ignores the flag (its poll is always exact).
 pub trait ReadReady {
     /// Resolves when data (or EOF, or an error) is ready to read.
-    fn read_ready(&self) -> impl Future<Output = io::Result<()>>;
+    fn read_ready(&self, relaxed: bool) -> impl Future<Output = io::Result<()>>;
 }
 
 impl ReadReady for TcpStream {
-    fn read_ready(&self) -> impl Future<Output = io::Result<()>> {
-        self.readable(true)
+    fn read_ready(&self, relaxed: bool) -> impl Future<Output = io::Result<()>> {
+        self.readable(relaxed)
     }
 }
 
 impl ReadReady for UnixStream {
-    fn read_ready(&self) -> impl Future<Output = io::Result<()>> {
-        self.readable(true)
+    fn read_ready(&self, relaxed: bool) -> impl Future<Output = io::Result<()>> {
+        self.readable(relaxed)
     }
 }
 
 impl<T: ReadReady> ReadReady for OwnedReadHalf<T> {
     #[allow(unsafe_code)]
-    fn read_ready(&self) -> impl Future<Output = io::Result<()>> {
+    fn read_ready(&self, relaxed: bool) -> impl Future<Output = io::Result<()>> {
         // SAFETY: as in `readable` below: the split keeps the stream in an
         // `Rc<UnsafeCell<_>>` and hands out `&mut` only inside the halves'
         // own read and write calls; a readiness wait only polls the shared
         // fd, and this half issues no read while the future lives (the
         // driver awaits it before reading).
         let stream = unsafe { &*self.0.get() };
-        stream.read_ready()
+        stream.read_ready(relaxed)
     }
 }
 
 /// Wait until the read half of a split TCP stream has data (or EOF), without
 /// committing a buffer: an idle connection then holds no read buffer.
+/// `relaxed` as in [`ReadReady`].
 #[allow(unsafe_code)]
-pub async fn readable(rd: &TcpOwnedReadHalf) -> io::Result<()> {
+pub async fn readable(rd: &TcpOwnedReadHalf, relaxed: bool) -> io::Result<()> {
     // SAFETY: monoio's split keeps the stream in an `Rc<UnsafeCell<_>>` shared
     // by the two halves and hands out `&mut` only inside their own read and
     // write calls. `readable` takes `&TcpStream` and only submits a readiness
@@ -51,5 +61,5 @@ pub async fn readable(rd: &TcpOwnedReadHalf) -> io::Result<()> {
     // the stream exists while this shared reference lives, because this
     // half's reads are not issued until the returned future completes.
     let stream = unsafe { &*rd.0.get() };
-    stream.readable(true).await
+    stream.readable(relaxed).await
 }
