@@ -1,6 +1,12 @@
 //! The side-by-side harness's building blocks: a topology of real binaries
 //! (a proxy-server and a proxy-agent, konn's or upstream's, with the same
-//! flags and certificates) and per-process measurements from `/proc`.
+//! flags and certificates), per-process measurements from `/proc`, and the
+//! load generator's pieces ([`dests`], [`load`], [`stats`], [`report`]).
+
+pub mod dests;
+pub mod load;
+pub mod report;
+pub mod stats;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,6 +25,28 @@ pub struct Binaries {
     pub server: PathBuf,
     /// The proxy-agent binary.
     pub agent: PathBuf,
+    /// Flags of this implementation only, after the common ones (konn:
+    /// `--workers`, `--io-engine`).
+    pub server_flags: Vec<String>,
+    /// See `server_flags`.
+    pub agent_flags: Vec<String>,
+    /// Environment of both processes (Go: `GOMAXPROCS`).
+    pub env: Vec<(String, String)>,
+}
+
+impl Binaries {
+    /// `name`'s binaries `proxy-server` and `proxy-agent` in `dir`, with no
+    /// extra flags.
+    pub fn in_dir(name: &str, dir: &Path) -> Self {
+        Self {
+            name: name.to_owned(),
+            server: dir.join("proxy-server"),
+            agent: dir.join("proxy-agent"),
+            server_flags: Vec::new(),
+            agent_flags: Vec::new(),
+            env: Vec::new(),
+        }
+    }
 }
 
 /// The frontend mode of a topology's server.
@@ -40,6 +68,11 @@ pub struct Topology {
     pub socket: PathBuf,
     /// The server's health port.
     pub server_health: SocketAddr,
+    bins: Binaries,
+    server_args: Vec<String>,
+    agent_args: Vec<String>,
+    cpus: Option<Vec<usize>>,
+    dir: PathBuf,
 }
 
 /// How long a topology may take to come up.
@@ -47,14 +80,14 @@ const READY_WAIT: Duration = Duration::from_secs(30);
 
 impl Topology {
     /// Start `bins`' server in `mode` and its agent, in `dir`, and wait
-    /// until the server reports the agent connected (`/readyz`).
+    /// until the server reports the agent connected (`/readyz`). Both
+    /// processes run on `cpus` (all CPUs when `None`).
     pub fn start(
         bins: &Binaries,
         mode: Mode,
         dir: &Path,
         certs: &PkiFiles,
-        extra_server: &[String],
-        extra_agent: &[String],
+        cpus: Option<&[usize]>,
     ) -> Result<Self, Error> {
         let port = || procs::free_port();
         let (agent_port, health, admin, agent_health, agent_admin) =
@@ -83,7 +116,7 @@ impl Topology {
             format!("--admin-port={admin}"),
             "--server-count=1".into(),
         ];
-        server_args.extend_from_slice(extra_server);
+        server_args.extend_from_slice(&bins.server_flags);
         let mut agent_args = vec![
             "--proxy-server-host=127.0.0.1".into(),
             format!("--proxy-server-port={agent_port}"),
@@ -96,28 +129,70 @@ impl Topology {
             "--admin-bind-address=127.0.0.1".into(),
             format!("--admin-server-port={agent_admin}"),
         ];
-        agent_args.extend_from_slice(extra_agent);
-        let io = |e: std::io::Error| Error::Write(dir.to_owned(), e);
-        let server = Proc::spawn(
-            &bins.server,
-            &server_args,
-            &dir.join(format!("{}-server.log", bins.name)),
-        )
-        .map_err(io)?;
-        let agent = Proc::spawn(
-            &bins.agent,
-            &agent_args,
-            &dir.join(format!("{}-agent.log", bins.name)),
-        )
-        .map_err(io)?;
+        agent_args.extend_from_slice(&bins.agent_flags);
+        let server = Self::spawn_one(bins, &bins.server, &server_args, dir, "server", cpus)?;
+        let agent = Self::spawn_one(bins, &bins.agent, &agent_args, dir, "agent", cpus)?;
         let mut me = Self {
             server,
             agent,
             socket,
             server_health: SocketAddr::from(([127, 0, 0, 1], health)),
+            bins: bins.clone(),
+            server_args,
+            agent_args,
+            cpus: cpus.map(<[usize]>::to_vec),
+            dir: dir.to_owned(),
         };
         me.wait_ready()?;
         Ok(me)
+    }
+
+    fn spawn_one(
+        bins: &Binaries,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        what: &str,
+        cpus: Option<&[usize]>,
+    ) -> Result<Proc, Error> {
+        let log = dir.join(format!("{}-{what}.log", bins.name));
+        Proc::spawn_with(program, args, &log, &bins.env, cpus)
+            .map_err(|e| Error::Write(log.clone(), e))
+    }
+
+    /// The implementation's name.
+    pub fn name(&self) -> &str {
+        &self.bins.name
+    }
+
+    /// Kill the agent (SIGKILL, as a crash or an evicted pod) and start it
+    /// again with the same flags; does not wait for it to connect.
+    pub fn restart_agent(&mut self) -> Result<(), Error> {
+        self.agent.kill();
+        self.agent = Self::spawn_one(
+            &self.bins,
+            &self.bins.agent,
+            &self.agent_args,
+            &self.dir,
+            "agent",
+            self.cpus.as_deref(),
+        )?;
+        Ok(())
+    }
+
+    /// Kill the server (SIGKILL) and start it again with the same flags;
+    /// does not wait for the agent to reconnect.
+    pub fn restart_server(&mut self) -> Result<(), Error> {
+        self.server.kill();
+        self.server = Self::spawn_one(
+            &self.bins,
+            &self.bins.server,
+            &self.server_args,
+            &self.dir,
+            "server",
+            self.cpus.as_deref(),
+        )?;
+        Ok(())
     }
 
     /// Stop both processes as an orchestrator would: SIGTERM to the agent
@@ -132,6 +207,11 @@ impl Topology {
         let agent = self.agent.wait_timeout(timeout).is_some();
         let server = self.server.wait_timeout(timeout).is_some();
         agent && server
+    }
+
+    /// Whether the server answers `/readyz` with 200 (an agent is connected).
+    pub fn is_ready(&self) -> bool {
+        matches!(procs::http_get(self.server_health, "/readyz"), Ok((200, _)))
     }
 
     fn wait_ready(&mut self) -> Result<(), Error> {
@@ -150,7 +230,7 @@ impl Topology {
                     self.agent.log_tail(20)
                 )));
             }
-            if matches!(procs::http_get(self.server_health, "/readyz"), Ok((200, _))) {
+            if self.is_ready() {
                 return Ok(());
             }
             std::thread::sleep(step);
@@ -183,6 +263,41 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     ))
 }
 
+/// Open file descriptors of process `pid`.
+pub fn fd_count(pid: u32) -> Option<u64> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
+}
+
+/// Threads of process `pid`.
+pub fn thread_count(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Context switches (voluntary + involuntary) of process `pid`'s main
+/// thread group, summed over its threads.
+pub fn ctx_switches(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(t) = t else { continue };
+        let Ok(status) = std::fs::read_to_string(t.path().join("status")) else {
+            continue;
+        };
+        for l in status.lines() {
+            if let Some(v) = l
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                total += v.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    Some(total)
+}
+
 #[allow(unsafe_code)]
 fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no preconditions and only reads a constant.
@@ -202,5 +317,8 @@ mod tests {
         }
         std::hint::black_box(x);
         assert!(super::cpu_time(me).is_some());
+        assert!(super::fd_count(me).is_some_and(|n| n >= 3));
+        assert!(super::thread_count(me).is_some_and(|n| n >= 1));
+        assert!(super::ctx_switches(me).is_some());
     }
 }
