@@ -190,7 +190,7 @@ pub fn pin_current_thread(cpus: &[usize]) -> std::io::Result<()> {
     let set = cpu_set(cpus);
     // SAFETY: pid 0 is the calling thread; `set` is a valid mask of the
     // size passed.
-    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    let r = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
     if r == 0 {
         Ok(())
     } else {
@@ -206,7 +206,7 @@ fn pin_child(cmd: &mut Command, set: libc::cpu_set_t) {
     // copied into the closure (no allocation, no lock).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -16,6 +16,7 @@
 //!   [`Dests::release_stalled`].
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 
@@ -72,7 +73,7 @@ pub fn random_block(seed: u64) -> Bytes {
 fn accept_loop<F, Fut>(l: TcpListener, serve: F)
 where
     F: Fn(TcpStream) -> Fut + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
+    Fut: Future<Output = ()> + 'static,
 {
     monoio::spawn(async move {
         loop {

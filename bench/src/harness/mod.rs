@@ -3,9 +3,11 @@
 //! flags and certificates), per-process measurements from `/proc`, and the
 //! load generator's pieces ([`dests`], [`load`], [`stats`], [`report`]).
 
+pub mod compare;
 pub mod dests;
 pub mod load;
 pub mod report;
+pub mod scenarios;
 pub mod stats;
 
 use std::net::SocketAddr;
@@ -68,6 +70,7 @@ pub struct Topology {
     pub socket: PathBuf,
     /// The server's health port.
     pub server_health: SocketAddr,
+    mode: Mode,
     bins: Binaries,
     server_args: Vec<String>,
     agent_args: Vec<String>,
@@ -137,6 +140,7 @@ impl Topology {
             agent,
             socket,
             server_health: SocketAddr::from(([127, 0, 0, 1], health)),
+            mode,
             bins: bins.clone(),
             server_args,
             agent_args,
@@ -158,6 +162,14 @@ impl Topology {
         let log = dir.join(format!("{}-{what}.log", bins.name));
         Proc::spawn_with(program, args, &log, &bins.env, cpus)
             .map_err(|e| Error::Write(log.clone(), e))
+    }
+
+    /// How the load generator reaches destinations through this topology.
+    pub fn route(&self) -> load::Route {
+        match self.mode {
+            Mode::Grpc => load::Route::Grpc(self.socket.clone()),
+            Mode::HttpConnect => load::Route::Connect(self.socket.clone()),
+        }
     }
 
     /// The implementation's name.
@@ -250,8 +262,41 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|n| n.parse().ok())
 }
 
-/// CPU time (user + system) of process `pid`, all threads.
+/// CPU time of process `pid`: the sum of its threads' time on a CPU
+/// from `/proc/<pid>/task/*/schedstat` (nanoseconds, unlike the 10 ms
+/// ticks of `/proc/<pid>/stat`, which are too coarse for CPU µs per
+/// message over a 2 s window). Threads that have exited no longer count,
+/// so compare two readings only while the process keeps its threads
+/// (konn's workers and Go's Ms do); falls back to the ticks of
+/// `/proc/<pid>/stat` where schedstat is missing.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let mut ns = 0u64;
+    let mut any = false;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(t.path().join("schedstat")) else {
+                continue;
+            };
+            if let Some(v) = text
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                ns += v;
+                any = true;
+            }
+        }
+    }
+    if any {
+        Some(Duration::from_nanos(ns))
+    } else {
+        cpu_ticks(pid)
+    }
+}
+
+/// CPU time (user + system) of process `pid`, all threads, in clock ticks
+/// from `/proc/<pid>/stat`.
+pub fn cpu_ticks(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may contain spaces) start at ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -316,7 +361,9 @@ mod tests {
             x = x.wrapping_add(i * i);
         }
         std::hint::black_box(x);
-        assert!(super::cpu_time(me).is_some());
+        let (a, b) = (super::cpu_time(me), super::cpu_ticks(me));
+        assert!(a.is_some_and(|t| t > std::time::Duration::ZERO), "{a:?}");
+        assert!(b.is_some());
         assert!(super::fd_count(me).is_some_and(|n| n >= 3));
         assert!(super::thread_count(me).is_some_and(|n| n >= 1));
         assert!(super::ctx_switches(me).is_some());

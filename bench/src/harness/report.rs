@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use super::stats::{paired_diffs, paired_ratios, spread};
+use super::stats::{paired_ratios, spread};
 
 /// Name of the no-proxy baseline among the implementations.
 pub const DIRECT: &str = "direct";
@@ -332,7 +332,8 @@ pub fn svg_chart(title: &str, cells: &[&Cell]) -> String {
         let scale = (width - label_w - 90.0) / top;
         let mut by = y + 26.0;
         for (name, m, lo, hi) in rows {
-            let colour = COLOURS[names.iter().position(|n| *n == name).unwrap_or(0) % COLOURS.len()];
+            let colour =
+                COLOURS[names.iter().position(|n| *n == name).unwrap_or(0) % COLOURS.len()];
             let _ = write!(
                 s,
                 r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
