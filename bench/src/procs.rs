@@ -47,18 +47,31 @@ pub struct Proc {
 impl Proc {
     /// Start `program` with `args`, stdout and stderr appended to `log`.
     pub fn spawn(program: &Path, args: &[String], log: &Path) -> std::io::Result<Self> {
-        Self::spawn_with(program, args, log, &[], None)
+        Self::spawn_inner(program, args, log, &[], None, false)
     }
 
     /// [`Proc::spawn`] with extra environment variables, and restricted to
     /// the CPUs in `cpus` (before it runs: every thread it starts inherits
-    /// the mask).
+    /// the mask). The child is also killed when the thread that started it
+    /// ends (`PR_SET_PDEATHSIG`), so an interrupted benchmark run (Ctrl-C,
+    /// a timeout's SIGTERM) leaves no server or agent behind.
     pub fn spawn_with(
         program: &Path,
         args: &[String],
         log: &Path,
         env: &[(String, String)],
         cpus: Option<&[usize]>,
+    ) -> std::io::Result<Self> {
+        Self::spawn_inner(program, args, log, env, cpus, true)
+    }
+
+    fn spawn_inner(
+        program: &Path,
+        args: &[String],
+        log: &Path,
+        env: &[(String, String)],
+        cpus: Option<&[usize]>,
+        die_with_parent: bool,
     ) -> std::io::Result<Self> {
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -73,6 +86,9 @@ impl Proc {
         if let Some(cpus) = cpus {
             let set = cpu_set(cpus);
             pin_child(&mut cmd, set);
+        }
+        if die_with_parent {
+            kill_with_parent(&mut cmd);
         }
         let child = cmd.spawn()?;
         Ok(Self {
@@ -207,6 +223,21 @@ fn pin_child(cmd: &mut Command, set: libc::cpu_set_t) {
     unsafe {
         cmd.pre_exec(move || {
             if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[allow(unsafe_code)]
+fn kill_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls prctl(2), which is async-signal-safe (no allocation, no lock).
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! konn-bench compare [--quick] [--reps N] [--upstream DIR] [--konn DIR]
-//!                    [--engines io-uring,epoll] [--idle N] [--out DIR]
+//!                    [--engines io-uring,epoll] [--idle N] [--only S1,S3,…]
+//!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--no-pin]
 //! konn-bench idle [--connections N] [--impl NAME=DIR]...
 //! ```
 //!
@@ -87,6 +88,8 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut engines = vec!["io-uring".to_owned(), "epoll".to_owned()];
     let mut idle = 1000;
     let mut out = None;
+    let mut only = Vec::new();
+    let mut no_pin = false;
     let mut margins = Margins {
         min_s1: 1.0,
         max_s3: 2.0,
@@ -95,11 +98,13 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
         match a.as_str() {
             "--quick" => quick = true,
+            "--no-pin" => no_pin = true,
             "--reps" => reps = Some(val("a number")?.parse()?),
             "--upstream" => upstream = val("a directory")?.into(),
             "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
             "--engines" => engines = val("a list")?.split(',').map(str::to_owned).collect(),
             "--idle" => idle = val("a number")?.parse()?,
+            "--only" => only = val("a list")?.split(',').map(str::to_owned).collect(),
             "--out" => out = Some(PathBuf::from(val("a directory")?)),
             "--min-s1" => margins.min_s1 = val("a ratio")?.parse()?,
             "--max-s3" => margins.max_s3 = val("a ratio")?.parse()?,
@@ -131,12 +136,13 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         }
     }
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    let pin = (cpus >= 2).then(|| (0, vec![1]));
+    let pin = (cpus >= 2 && !no_pin).then(|| (0, vec![1]));
     let cfg = Config {
         quick,
         reps: reps.unwrap_or(3),
         impls,
         idle_conns: idle,
+        only,
         pin: pin.clone(),
     };
     procs::raise_nofile(65_536);

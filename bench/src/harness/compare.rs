@@ -35,39 +35,34 @@ pub struct Config {
     pub impls: Vec<Binaries>,
     /// Idle connections of S5 (0: skip S5).
     pub idle_conns: usize,
+    /// Only these scenarios (`S1`, `S8`, …); all when empty.
+    pub only: Vec<String>,
     /// CPU of the load generator and CPUs of the proxies (`None`: no
     /// pinning, on a machine with one CPU).
     pub pin: Option<(usize, Vec<usize>)>,
 }
 
-/// How one implementation appears in a run.
-enum Under<'a> {
-    Direct,
-    Proxy(&'a Topology),
+/// The target of implementation `i` of a run: 0 is the direct
+/// baseline, `i ≥ 1` is `topos[i - 1]`.
+fn target<'d>(topos: &[Topology], i: usize, dests: &'d Dests) -> Target<'d> {
+    match i.checked_sub(1).and_then(|k| topos.get(k)) {
+        None => Target {
+            route: Route::Direct,
+            pids: None,
+            dests,
+        },
+        Some(t) => Target {
+            route: t.route(),
+            pids: Some((t.server.pid(), t.agent.pid())),
+            dests,
+        },
+    }
 }
 
-impl Under<'_> {
-    fn name(&self) -> &str {
-        match self {
-            Self::Direct => DIRECT,
-            Self::Proxy(t) => t.name(),
-        }
-    }
-
-    fn target<'d>(&self, dests: &'d Dests) -> Target<'d> {
-        match self {
-            Self::Direct => Target {
-                route: Route::Direct,
-                pids: None,
-                dests,
-            },
-            Self::Proxy(t) => Target {
-                route: t.route(),
-                pids: Some((t.server.pid(), t.agent.pid())),
-                dests,
-            },
-        }
-    }
+fn names(topos: &[Topology]) -> Vec<String> {
+    std::iter::once(DIRECT.to_owned())
+        .chain(topos.iter().map(|t| t.name().to_owned()))
+        .collect()
 }
 
 /// A workload of one cell.
@@ -274,37 +269,60 @@ fn new_cell(c: &Case, names: &[String], reps: usize) -> Cell {
     }
 }
 
-/// Run `cases` for every implementation in `unders`, `reps` times,
-/// rotating the order of the implementations every repetition.
-async fn run_cases(cases: &[Case], unders: &[Under<'_>], dests: &Dests, reps: usize) -> Vec<Cell> {
-    let names: Vec<String> = unders.iter().map(|u| u.name().to_owned()).collect();
+/// Run `cases` for the direct baseline and every topology, `reps` times,
+/// rotating the order of the implementations every repetition. A
+/// topology that fails a cell and then no longer passes one echo through
+/// a fresh dial is restarted (noted in the cell), so one wedged proxy
+/// costs its own cells, not the rest of the run.
+async fn run_cases(
+    cases: &[Case],
+    topos: &mut [Topology],
+    dests: &Dests,
+    reps: usize,
+) -> Vec<Cell> {
+    let names = names(topos);
     let mut cells: Vec<Cell> = cases.iter().map(|c| new_cell(c, &names, reps)).collect();
     for rep in 0..reps {
         for (ci, case) in cases.iter().enumerate() {
-            for k in 0..unders.len() {
-                let ui = (k + rep) % unders.len();
-                let u = &unders[ui];
-                let t = u.target(dests);
+            for k in 0..names.len() {
+                let ui = (k + rep) % names.len();
+                let name = &names[ui];
                 let started = Instant::now();
-                let r = run_work(&t, case).await;
+                let r = run_work(&target(topos, ui, dests), case).await;
                 let took = started.elapsed();
                 match r {
                     Ok(s) => {
                         eprintln!(
-                            "  rep {} {} {:<14} {:>6.1?}  {}",
+                            "  rep {} {} {name:<14} {took:>6.1?}  {}",
                             rep + 1,
                             case.scenario,
-                            u.name(),
-                            took,
                             brief(&s, case.plot)
                         );
                         cells[ci].impls[ui].reps[rep] = s;
                     }
                     Err(e) => {
-                        eprintln!("  rep {} {} {}: {e}", rep + 1, case.scenario, u.name());
+                        eprintln!("  rep {} {} {name}: {e}", rep + 1, case.scenario);
                         cells[ci]
                             .notes
-                            .push(format!("{} repetition {}: {e}", u.name(), rep + 1));
+                            .push(format!("{name} repetition {}: {e}", rep + 1));
+                        if ui > 0 {
+                            let healthy =
+                                first_good_dial(&target(topos, ui, dests), Duration::from_secs(3))
+                                    .await
+                                    .is_some();
+                            if !healthy {
+                                eprintln!("  {name} no longer tunnels: restarting it");
+                                let note = match topos[ui - 1].restart_both() {
+                                    Ok(()) => "no longer tunnelled afterwards; restarted".into(),
+                                    Err(e) => format!(
+                                        "no longer tunnelled afterwards; restart failed: {e}"
+                                    ),
+                                };
+                                cells[ci]
+                                    .notes
+                                    .push(format!("{name} repetition {}: {note}", rep + 1));
+                            }
+                        }
                     }
                 }
                 // Let the proxies finish closing before the next cell.
@@ -334,9 +352,8 @@ async fn run_idle(topos: &[Topology], dests: &Dests, n: usize) -> Cell {
         impls: Vec::new(),
         notes: Vec::new(),
     };
-    for t in topos {
-        let u = Under::Proxy(t);
-        let r = scenarios::idle(&u.target(dests), n, Duration::from_millis(2500)).await;
+    for (i, t) in topos.iter().enumerate() {
+        let r = scenarios::idle(&target(topos, i + 1, dests), n, Duration::from_millis(2500)).await;
         let mut reps = vec![Sample::new()];
         match r {
             Ok(s) => {
@@ -393,25 +410,24 @@ async fn run_churn(topos: &mut [Topology], dests: &Dests) -> Cell {
         notes: Vec::new(),
     };
     let limit = Duration::from_secs(30);
-    for t in topos.iter_mut() {
-        let name = t.name().to_owned();
+    for i in 0..topos.len() {
+        let name = topos[i].name().to_owned();
         let mut reps = vec![Sample::new(); RESTARTS];
-        let spid = t.server.pid();
+        let spid = topos[i].server.pid();
         let (fd0, rss0) = (fd_count(spid), rss_kib(spid));
-        for (i, rep) in reps.iter_mut().enumerate() {
-            if let Err(e) = t.restart_agent() {
+        for (r, rep) in reps.iter_mut().enumerate() {
+            if let Err(e) = topos[i].restart_agent() {
                 cell.notes
                     .push(format!("{name}: restarting the agent: {e}"));
                 break;
             }
-            let target = Under::Proxy(t).target(dests);
-            match first_good_dial(&target, limit).await {
+            match first_good_dial(&target(topos, i + 1, dests), limit).await {
                 Some(d) => {
                     rep.insert("agent reconnect ms".into(), d.as_secs_f64() * 1e3);
                 }
                 None => cell.notes.push(format!(
                     "{name}: no dial within {limit:?} after agent restart {}",
-                    i + 1
+                    r + 1
                 )),
             }
             sleep(Duration::from_millis(300)).await;
@@ -423,18 +439,15 @@ async fn run_churn(topos: &mut [Topology], dests: &Dests) -> Cell {
         if let (Some(a), Some(b)) = (rss0, rss_kib(spid)) {
             reps[0].insert("server RSS delta KiB".into(), b as f64 - a as f64);
         }
-        match t.restart_server() {
-            Ok(()) => {
-                let target = Under::Proxy(t).target(dests);
-                match first_good_dial(&target, limit).await {
-                    Some(d) => {
-                        reps[0].insert("server restart ms".into(), d.as_secs_f64() * 1e3);
-                    }
-                    None => cell.notes.push(format!(
-                        "{name}: no dial within {limit:?} after server restart"
-                    )),
+        match topos[i].restart_server() {
+            Ok(()) => match first_good_dial(&target(topos, i + 1, dests), limit).await {
+                Some(d) => {
+                    reps[0].insert("server restart ms".into(), d.as_secs_f64() * 1e3);
                 }
-            }
+                None => cell.notes.push(format!(
+                    "{name}: no dial within {limit:?} after server restart"
+                )),
+            },
             Err(e) => cell
                 .notes
                 .push(format!("{name}: restarting the server: {e}")),
@@ -474,31 +487,30 @@ fn stop_all(topos: Vec<Topology>) {
 /// returns, also on errors (a dropped topology kills its processes).
 pub async fn run(cfg: &Config, dir: &Path, certs: &PkiFiles) -> Result<Vec<Cell>, Error> {
     let dests = Dests::start().map_err(|e| Error::Socket(format!("destinations: {e}")))?;
-    let (grpc_cases, connect_cases) = cases(cfg.quick);
+    let wanted =
+        |s: &str| cfg.only.is_empty() || cfg.only.iter().any(|o| o.eq_ignore_ascii_case(s));
+    let (mut grpc_cases, mut connect_cases) = cases(cfg.quick);
+    grpc_cases.retain(|c| wanted(c.scenario));
+    connect_cases.retain(|c| wanted(c.scenario));
     let mut cells = Vec::new();
 
     eprintln!("starting the gRPC-mode topologies");
     let mut topos = start_all(cfg, Mode::Grpc, dir, certs)?;
-    {
-        let mut unders = vec![Under::Direct];
-        unders.extend(topos.iter().map(Under::Proxy));
-        cells.extend(run_cases(&grpc_cases, &unders, &dests, cfg.reps).await);
-    }
+    cells.extend(run_cases(&grpc_cases, &mut topos, &dests, cfg.reps).await);
     if !cfg.quick {
-        if cfg.idle_conns > 0 {
+        if cfg.idle_conns > 0 && wanted("S5") {
             cells.push(run_idle(&topos, &dests, cfg.idle_conns).await);
         }
-        cells.push(run_churn(&mut topos, &dests).await);
+        if wanted("S7") {
+            cells.push(run_churn(&mut topos, &dests).await);
+        }
     }
     stop_all(topos);
 
     if !connect_cases.is_empty() {
         eprintln!("starting the HTTP-CONNECT-mode topologies");
-        let topos = start_all(cfg, Mode::HttpConnect, dir, certs)?;
-        let mut unders = vec![Under::Direct];
-        unders.extend(topos.iter().map(Under::Proxy));
-        cells.extend(run_cases(&connect_cases, &unders, &dests, cfg.reps).await);
-        drop(unders);
+        let mut topos = start_all(cfg, Mode::HttpConnect, dir, certs)?;
+        cells.extend(run_cases(&connect_cases, &mut topos, &dests, cfg.reps).await);
         stop_all(topos);
     }
     Ok(cells)

@@ -207,6 +207,15 @@ impl Topology {
         Ok(())
     }
 
+    /// Kill both processes and start them again with the same flags;
+    /// waits until the agent is connected.
+    pub fn restart_both(&mut self) -> Result<(), Error> {
+        self.agent.kill();
+        self.restart_server()?;
+        self.restart_agent()?;
+        self.wait_ready()
+    }
+
     /// Stop both processes as an orchestrator would: SIGTERM to the agent
     /// twice (DRAIN, then exit) and to the server once; SIGKILL whatever is
     /// still running after `timeout`. Returns whether both exited by

@@ -142,13 +142,15 @@ pub async fn bulk(
     };
     let mut conns = Vec::with_capacity(streams);
     for _ in 0..streams {
-        let mut c = Conn::open(&t.route, dest, DIAL_TIMEOUT).await?;
+        conns.push(Conn::open(&t.route, dest, DIAL_TIMEOUT).await?);
+    }
+    // Start the transfers only once all are dialled: a download nobody
+    // reads yet would stall upstream's shared tunnel (no per-connection
+    // flow control) and with it the remaining dials.
+    let endless = (u64::MAX >> 1).to_be_bytes();
+    for c in &mut conns {
         // Endless, in practice: the window ends the transfer.
-        c.write(bytes::Bytes::copy_from_slice(
-            &(u64::MAX >> 1).to_be_bytes(),
-        ))
-        .await?;
-        conns.push(c);
+        c.write(bytes::Bytes::copy_from_slice(&endless)).await?;
     }
     let bytes = Rc::new(Cell::new(0u64));
     let stop = Stop::default();
@@ -181,7 +183,13 @@ pub async fn bulk(
                     Some(Err(e)) => break Err(e),
                 }
             };
-            c.abort().await;
+            // Close as a client would (CLOSE_REQ through a tunnel), not
+            // by cutting the frontend connection: upstream's tunnel can
+            // wedge when frontends vanish mid-transfer, and that is not
+            // what this scenario measures.
+            if monoio::time::timeout(GRACE, c.close(GRACE)).await.is_err() {
+                return Err(Error::Timeout("closing a bulk stream"));
+            }
             r
         }));
     }
