@@ -271,9 +271,9 @@ fn new_cell(c: &Case, names: &[String], reps: usize) -> Cell {
 
 /// Run `cases` for the direct baseline and every topology, `reps` times,
 /// rotating the order of the implementations every repetition. A
-/// topology that fails a cell and then no longer passes one echo through
-/// a fresh dial is restarted (noted in the cell), so one wedged proxy
-/// costs its own cells, not the rest of the run.
+/// topology that no longer passes one echo through a fresh dial after a
+/// cell is restarted (noted in the cell), so one wedged proxy costs its
+/// own cell, not the rest of the run.
 async fn run_cases(
     cases: &[Case],
     topos: &mut [Topology],
@@ -305,24 +305,28 @@ async fn run_cases(
                         cells[ci]
                             .notes
                             .push(format!("{name} repetition {}: {e}", rep + 1));
-                        if ui > 0 {
-                            let healthy =
-                                first_good_dial(&target(topos, ui, dests), Duration::from_secs(3))
-                                    .await
-                                    .is_some();
-                            if !healthy {
-                                eprintln!("  {name} no longer tunnels: restarting it");
-                                let note = match topos[ui - 1].restart_both() {
-                                    Ok(()) => "no longer tunnelled afterwards; restarted".into(),
-                                    Err(e) => format!(
-                                        "no longer tunnelled afterwards; restart failed: {e}"
-                                    ),
-                                };
-                                cells[ci]
-                                    .notes
-                                    .push(format!("{name} repetition {}: {note}", rep + 1));
+                    }
+                }
+                // A proxy that no longer passes one echo through a fresh
+                // dial (upstream after a stalled connection, say) is
+                // restarted, so it costs its own cell, not the rest.
+                if ui > 0 {
+                    sleep(Duration::from_millis(300)).await;
+                    let probe = target(topos, ui, dests);
+                    if first_good_dial(&probe, Duration::from_secs(3))
+                        .await
+                        .is_none()
+                    {
+                        eprintln!("  {name} no longer tunnels: restarting it");
+                        let note = match topos[ui - 1].restart_both() {
+                            Ok(()) => "no longer tunnelled afterwards; restarted".into(),
+                            Err(e) => {
+                                format!("no longer tunnelled afterwards; restart failed: {e}")
                             }
-                        }
+                        };
+                        cells[ci]
+                            .notes
+                            .push(format!("{name} repetition {}: {note}", rep + 1));
                     }
                 }
                 // Let the proxies finish closing before the next cell.

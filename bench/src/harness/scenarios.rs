@@ -250,10 +250,27 @@ pub async fn ping(
     rate: Option<f64>,
     w: Window,
 ) -> Result<Sample, Error> {
+    let open = open_echoes(t, conns).await?;
+    ping_on(t, open, size, rate, w).await
+}
+
+async fn open_echoes(t: &Target<'_>, conns: usize) -> Result<Vec<Conn>, Error> {
     let mut open = Vec::with_capacity(conns);
     for i in 0..conns {
         open.push(Conn::open(&t.route, t.dests.echo_for(i), DIAL_TIMEOUT).await?);
     }
+    Ok(open)
+}
+
+/// [`ping`] on connections already open.
+async fn ping_on(
+    t: &Target<'_>,
+    open: Vec<Conn>,
+    size: usize,
+    rate: Option<f64>,
+    w: Window,
+) -> Result<Sample, Error> {
+    let conns = open.len();
     let origin = Instant::now();
     let measure_from = origin + w.warm;
     let end = measure_from + w.secs;
@@ -357,8 +374,9 @@ pub async fn ping(
 
 /// S6: [`ping`] in an open loop while one more connection through the
 /// same agent carries a bulk upload to a destination that never reads.
-/// The stalled connection is opened and filled for `fill` first; it is
-/// cut (and the destination's end closed) afterwards.
+/// The probe connections are dialled first (a stalled tunnel would also
+/// stall their dials), then the stalled connection is opened and filled
+/// for `fill`; it is cut (and the destination's end closed) afterwards.
 pub async fn ping_with_stall(
     t: &Target<'_>,
     conns: usize,
@@ -367,6 +385,7 @@ pub async fn ping_with_stall(
     fill: Duration,
     w: Window,
 ) -> Result<Sample, Error> {
+    let probes = open_echoes(t, conns).await?;
     let mut stalled = Conn::open(&t.route, t.dests.stall, DIAL_TIMEOUT).await?;
     let stop = Stop::default();
     let (s2, block) = (stop.clone(), t.dests.block.clone());
@@ -385,7 +404,7 @@ pub async fn ping_with_stall(
         written
     });
     sleep(fill).await;
-    let r = ping(t, conns, size, Some(rate), w).await;
+    let r = ping_on(t, probes, size, Some(rate), w).await;
     stop.set();
     let written = writer.await;
     t.dests.release_stalled();
