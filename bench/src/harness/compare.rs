@@ -375,24 +375,56 @@ async fn run_idle(topos: &[Topology], dests: &Dests, n: usize) -> Cell {
     cell
 }
 
+/// One 16-byte echo through a fresh dial.
+async fn try_dial(t: &Target<'_>) -> bool {
+    let msg = bytes::Bytes::from_static(b"are you there?!!");
+    let one = async {
+        let mut c = Conn::open(&t.route, t.dests.echo_for(0), DIAL_TIMEOUT).await?;
+        c.write(msg.clone()).await?;
+        let r = c.read_n(msg.len(), DIAL_TIMEOUT).await;
+        c.abort().await;
+        r
+    };
+    matches!(
+        monoio::time::timeout(Duration::from_secs(2), one).await,
+        Ok(Ok(()))
+    )
+}
+
 /// Dial through `t` until one 16-byte echo succeeds; the time it took.
 async fn first_good_dial(t: &Target<'_>, limit: Duration) -> Option<Duration> {
     let start = Instant::now();
-    let msg = bytes::Bytes::from_static(b"are you there?!!");
     while start.elapsed() < limit {
-        let one = async {
-            let mut c = Conn::open(&t.route, t.dests.echo_for(0), DIAL_TIMEOUT).await?;
-            c.write(msg.clone()).await?;
-            let r = c.read_n(msg.len(), DIAL_TIMEOUT).await;
-            c.abort().await;
-            r
-        };
-        if let Ok(Ok(())) = monoio::time::timeout(Duration::from_secs(2), one).await {
+        if try_dial(t).await {
             return Some(start.elapsed());
         }
         sleep(Duration::from_millis(20)).await;
     }
     None
+}
+
+/// After a restart of topology `i` at `since`: dial until one echo
+/// succeeds, starting again any process that exited meanwhile. The time
+/// since `since` and the number of such restarts.
+async fn recovered(
+    topos: &mut [Topology],
+    i: usize,
+    dests: &Dests,
+    since: Instant,
+    limit: Duration,
+) -> (Option<Duration>, u32) {
+    let mut failed = 0;
+    while since.elapsed() < limit {
+        if try_dial(&target(topos, i + 1, dests)).await {
+            return (Some(since.elapsed()), failed);
+        }
+        match topos[i].revive() {
+            Ok(n) => failed += n,
+            Err(_) => return (None, failed),
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    (None, failed)
 }
 
 /// S7 for every proxy: kill the agent 3 times and the server once; time
@@ -408,6 +440,7 @@ async fn run_churn(topos: &mut [Topology], dests: &Dests) -> Cell {
             "server restart ms".into(),
             "server fd delta".into(),
             "server RSS delta KiB".into(),
+            "failed starts".into(),
         ],
         plot: Some("agent reconnect ms".into()),
         impls: Vec::new(),
@@ -420,12 +453,17 @@ async fn run_churn(topos: &mut [Topology], dests: &Dests) -> Cell {
         let spid = topos[i].server.pid();
         let (fd0, rss0) = (fd_count(spid), rss_kib(spid));
         for (r, rep) in reps.iter_mut().enumerate() {
+            let since = Instant::now();
             if let Err(e) = topos[i].restart_agent() {
                 cell.notes
                     .push(format!("{name}: restarting the agent: {e}"));
                 break;
             }
-            match first_good_dial(&target(topos, i + 1, dests), limit).await {
+            let (d, failed) = recovered(topos, i, dests, since, limit).await;
+            if failed > 0 {
+                rep.insert("failed starts".into(), f64::from(failed));
+            }
+            match d {
                 Some(d) => {
                     rep.insert("agent reconnect ms".into(), d.as_secs_f64() * 1e3);
                 }
@@ -443,15 +481,24 @@ async fn run_churn(topos: &mut [Topology], dests: &Dests) -> Cell {
         if let (Some(a), Some(b)) = (rss0, rss_kib(spid)) {
             reps[0].insert("server RSS delta KiB".into(), b as f64 - a as f64);
         }
+        let since = Instant::now();
         match topos[i].restart_server() {
-            Ok(()) => match first_good_dial(&target(topos, i + 1, dests), limit).await {
-                Some(d) => {
-                    reps[0].insert("server restart ms".into(), d.as_secs_f64() * 1e3);
+            Ok(()) => {
+                let (d, failed) = recovered(topos, i, dests, since, limit).await;
+                if failed > 0 {
+                    cell.notes.push(format!(
+                        "{name}: after the server restart, {failed} process start(s) failed (port still bound)"
+                    ));
                 }
-                None => cell.notes.push(format!(
-                    "{name}: no dial within {limit:?} after server restart"
-                )),
-            },
+                match d {
+                    Some(d) => {
+                        reps[0].insert("server restart ms".into(), d.as_secs_f64() * 1e3);
+                    }
+                    None => cell.notes.push(format!(
+                        "{name}: no dial within {limit:?} after server restart"
+                    )),
+                }
+            }
             Err(e) => cell
                 .notes
                 .push(format!("{name}: restarting the server: {e}")),

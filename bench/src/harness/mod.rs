@@ -78,6 +78,9 @@ pub struct Topology {
     dir: PathBuf,
 }
 
+/// How long a restarted process may keep failing at start.
+const RESPAWN_WAIT: Duration = Duration::from_secs(10);
+
 /// How long a topology may take to come up.
 const READY_WAIT: Duration = Duration::from_secs(30);
 
@@ -181,14 +184,7 @@ impl Topology {
     /// again with the same flags; does not wait for it to connect.
     pub fn restart_agent(&mut self) -> Result<(), Error> {
         self.agent.kill();
-        self.agent = Self::spawn_one(
-            &self.bins,
-            &self.bins.agent,
-            &self.agent_args,
-            &self.dir,
-            "agent",
-            self.cpus.as_deref(),
-        )?;
+        self.agent = self.spawn_again(false)?;
         Ok(())
     }
 
@@ -196,15 +192,42 @@ impl Topology {
     /// does not wait for the agent to reconnect.
     pub fn restart_server(&mut self) -> Result<(), Error> {
         self.server.kill();
-        self.server = Self::spawn_one(
-            &self.bins,
-            &self.bins.server,
-            &self.server_args,
-            &self.dir,
-            "server",
-            self.cpus.as_deref(),
-        )?;
+        self.server = self.spawn_again(true)?;
         Ok(())
+    }
+
+    /// Start again whichever process has exited; returns how many were.
+    /// After a restart this is needed: a killed process's ports can stay
+    /// bound for a moment after it is reaped (the kernel tears an io_uring
+    /// instance, and the sockets it holds, down asynchronously), and the
+    /// new process then exits with "Address already in use".
+    pub fn revive(&mut self) -> Result<u32, Error> {
+        let mut n = 0;
+        if !self.server.is_running() {
+            self.server = self.spawn_again(true)?;
+            n += 1;
+        }
+        if !self.agent.is_running() {
+            self.agent = self.spawn_again(false)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn spawn_again(&self, server: bool) -> Result<Proc, Error> {
+        let (program, args, what) = if server {
+            (&self.bins.server, &self.server_args, "server")
+        } else {
+            (&self.bins.agent, &self.agent_args, "agent")
+        };
+        Self::spawn_one(
+            &self.bins,
+            program,
+            args,
+            &self.dir,
+            what,
+            self.cpus.as_deref(),
+        )
     }
 
     /// Kill both processes and start them again with the same flags;
@@ -213,6 +236,15 @@ impl Topology {
         self.agent.kill();
         self.restart_server()?;
         self.restart_agent()?;
+        let step = Duration::from_millis(100);
+        let mut waited = Duration::ZERO;
+        while waited < RESPAWN_WAIT {
+            std::thread::sleep(step);
+            waited += step;
+            if self.revive()? == 0 && self.is_ready() {
+                return Ok(());
+            }
+        }
         self.wait_ready()
     }
 
