@@ -165,6 +165,8 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         "quick": quick,
         "repetitions": cfg.reps,
         "seconds": took.as_secs(),
+        "konn_commit": git_head(),
+        "upstream": "apiserver-network-proxy v0.36.0 (interop/go.mod)",
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         "cpu": cpu_model(),
         "cpus": cpus,
@@ -195,6 +197,17 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The commit of the working directory, if it is a git checkout.
+fn git_head() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
 }
 
 fn cpu_model() -> String {
