@@ -151,6 +151,7 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     }
     let work = WorkDir::new("compare")?;
     let certs = pki::write(&work.0)?;
+    let head = git_head();
     let started = Instant::now();
     eprintln!(
         "konn-bench compare{}: {} repetitions, load generator on CPU 0, proxies on CPU 1 ({cpus} CPUs)",
@@ -165,7 +166,7 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         "quick": quick,
         "repetitions": cfg.reps,
         "seconds": took.as_secs(),
-        "konn_commit": git_head(),
+        "konn_commit": head,
         "upstream": "apiserver-network-proxy v0.36.0 (interop/go.mod)",
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         "cpu": cpu_model(),
