@@ -69,7 +69,7 @@ const KONN: &[(&str, &str, &str)] = &[
     ("h2-conn-window", "size", "4Mi"),
     ("h2-max-concurrent-streams", "int", "1024"),
     ("h2-stream-window", "size", "1Mi"),
-    ("io-engine", "string", "auto"),
+    ("io-engine", "string", "epoll"),
     ("memory-budget", "size", "512Mi"),
     ("pin-cores", "bool", "false"),
     ("stuck-timeout", "duration", "2m0s"),

@@ -47,16 +47,50 @@ pub struct Proc {
 impl Proc {
     /// Start `program` with `args`, stdout and stderr appended to `log`.
     pub fn spawn(program: &Path, args: &[String], log: &Path) -> std::io::Result<Self> {
+        Self::spawn_inner(program, args, log, &[], None, false)
+    }
+
+    /// [`Proc::spawn`] with extra environment variables, and restricted to
+    /// the CPUs in `cpus` (before it runs: every thread it starts inherits
+    /// the mask). The child is also killed when the thread that started it
+    /// ends (`PR_SET_PDEATHSIG`), so an interrupted benchmark run (Ctrl-C,
+    /// a timeout's SIGTERM) leaves no server or agent behind.
+    pub fn spawn_with(
+        program: &Path,
+        args: &[String],
+        log: &Path,
+        env: &[(String, String)],
+        cpus: Option<&[usize]>,
+    ) -> std::io::Result<Self> {
+        Self::spawn_inner(program, args, log, env, cpus, true)
+    }
+
+    fn spawn_inner(
+        program: &Path,
+        args: &[String],
+        log: &Path,
+        env: &[(String, String)],
+        cpus: Option<&[usize]>,
+        die_with_parent: bool,
+    ) -> std::io::Result<Self> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)?;
-        let child = Command::new(program)
-            .args(args)
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()?;
+            .stderr(out);
+        if let Some(cpus) = cpus {
+            let set = cpu_set(cpus);
+            pin_child(&mut cmd, set);
+        }
+        if die_with_parent {
+            kill_with_parent(&mut cmd);
+        }
+        let child = cmd.spawn()?;
         Ok(Self {
             name: program
                 .file_name()
@@ -151,6 +185,96 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A CPU mask holding `cpus`.
+#[allow(unsafe_code)]
+pub fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: CPU_SET only writes bit `c` of the set (bounds-checked by
+        // the libc crate's implementation).
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    set
+}
+
+/// Restrict the calling thread (and the threads it starts later) to `cpus`.
+#[allow(unsafe_code)]
+pub fn pin_current_thread(cpus: &[usize]) -> std::io::Result<()> {
+    let set = cpu_set(cpus);
+    // SAFETY: pid 0 is the calling thread; `set` is a valid mask of the
+    // size passed.
+    let r = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[allow(unsafe_code)]
+fn pin_child(cmd: &mut Command, set: libc::cpu_set_t) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls sched_setaffinity, which is async-signal-safe, on a mask
+    // copied into the closure (no allocation, no lock).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[allow(unsafe_code)]
+fn kill_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls prctl(2), which is async-signal-safe (no allocation, no lock).
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Raise this process's open-file limit to `want` (or as far as allowed);
+/// returns the soft limit in force afterwards. Children inherit it.
+#[allow(unsafe_code)]
+pub fn raise_nofile(want: u64) -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid resource and a pointer to
+    // an initialised rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        let raised = libc::rlimit {
+            rlim_cur: want,
+            rlim_max: want.max(lim.rlim_max),
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+            return want;
+        }
+        let soft = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &soft) == 0 {
+            return lim.rlim_max;
+        }
+    }
+    lim.rlim_cur
 }
 
 /// A free TCP port on 127.0.0.1 for a child process's listener (bound and

@@ -1,43 +1,226 @@
 //! `konn-bench`: scenarios run against real proxy-server / proxy-agent
-//! binaries (konn's, or upstream's for comparison), measured from outside.
+//! binaries (konn's, and upstream's for comparison), measured from outside.
 //!
 //! ```text
+//! konn-bench compare [--quick] [--reps N] [--upstream DIR] [--konn DIR]
+//!                    [--engines io-uring,epoll] [--idle N] [--only S1,S3,…]
+//!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--no-pin]
 //! konn-bench idle [--connections N] [--impl NAME=DIR]...
 //! ```
 //!
+//! - `compare`: the side-by-side run of docs/BENCHMARKS.md: S1–S8 for the
+//!   direct baseline, upstream (`--upstream`, default
+//!   `target/interop/upstream`) and konn under each io engine
+//!   (`--konn`, default: the binaries next to this executable),
+//!   interleaved by repetition; writes `results.json`, `results.md` and an
+//!   SVG per scenario to `--out` (default `docs/benchmarks`). With
+//!   `--quick` it runs only S1 and S3 for konn's default engine against
+//!   upstream, writes nothing unless `--out` is given, and exits with 1
+//!   when konn's S1 throughput is below `--min-s1` (1.0) × upstream's or
+//!   its S3 p99 above `--max-s3` (2.0) × upstream's.
 //! - `idle` (S5 of the benchmark plan): opens N tunnelled connections the
 //!   way kube-apiserver does (one gRPC frontend connection per dial over the
 //!   Unix socket), sends one message on each, keeps them open and reports the
 //!   resident-memory growth per idle connection of the server and the agent.
-//!
-//! `--impl NAME=DIR` runs the scenario for the binaries in DIR (both named
-//! `proxy-server` and `proxy-agent`); the default is konn's binaries next to
-//! this executable.
+//!   `--impl NAME=DIR` runs the scenario for the binaries in DIR (both named
+//!   `proxy-server` and `proxy-agent`); the default is konn's binaries next
+//!   to this executable.
 
 // A measuring tool: it reads the clock.
 #![allow(clippy::disallowed_methods)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use konn_bench::dest::Destination;
 use konn_bench::frontend::GrpcFrontend;
+use konn_bench::harness::compare::{self, Config, Margins};
+use konn_bench::harness::report::UPSTREAM;
 use konn_bench::harness::{Binaries, Mode, Topology, rss_kib};
 use konn_bench::{pki, procs};
 use konn_core::io::runtime::{Engine, IoEngine, block_on, resolve};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-struct Args {
-    scenario: String,
-    connections: usize,
-    impls: Vec<Binaries>,
+fn main() -> Result<()> {
+    let mut it = std::env::args().skip(1);
+    match it.next().as_deref() {
+        Some("compare") => compare_main(it),
+        Some("idle") | None => idle_main(it),
+        Some(other) => bail!("unknown subcommand {other:?} (compare, idle)"),
+    }
 }
 
-fn parse_args() -> Result<Args> {
-    let mut it = std::env::args().skip(1);
-    let scenario = it.next().unwrap_or_else(|| "idle".into());
+/// A scratch directory, removed when dropped.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new(what: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("konn-bench-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn konn_bins(name: &str, dir: &Path, engine: Option<&str>) -> Binaries {
+    let mut b = Binaries::in_dir(name, dir);
+    let mut flags = vec!["--workers=1".to_owned()];
+    if let Some(e) = engine {
+        flags.push(format!("--io-engine={e}"));
+    }
+    b.server_flags = flags.clone();
+    b.agent_flags = flags;
+    b
+}
+
+fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
+    let mut quick = false;
+    let mut reps = None;
+    let mut upstream = PathBuf::from("target/interop/upstream");
+    let mut konn = None;
+    let mut engines = vec!["io-uring".to_owned(), "epoll".to_owned()];
+    let mut idle = 1000;
+    let mut out = None;
+    let mut only = Vec::new();
+    let mut no_pin = false;
+    let mut margins = Margins {
+        min_s1: 1.0,
+        max_s3: 2.0,
+    };
+    while let Some(a) = it.next() {
+        let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--no-pin" => no_pin = true,
+            "--reps" => reps = Some(val("a number")?.parse()?),
+            "--upstream" => upstream = val("a directory")?.into(),
+            "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            "--engines" => engines = val("a list")?.split(',').map(str::to_owned).collect(),
+            "--idle" => idle = val("a number")?.parse()?,
+            "--only" => only = val("a list")?.split(',').map(str::to_owned).collect(),
+            "--out" => out = Some(PathBuf::from(val("a directory")?)),
+            "--min-s1" => margins.min_s1 = val("a ratio")?.parse()?,
+            "--max-s3" => margins.max_s3 = val("a ratio")?.parse()?,
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    let konn_dir = match konn {
+        Some(d) => d,
+        None => procs::bin_dir().context("konn's binaries not found; pass --konn DIR")?,
+    };
+    for (what, dir) in [("upstream", &upstream), ("konn", &konn_dir)] {
+        for b in ["proxy-server", "proxy-agent"] {
+            ensure!(
+                dir.join(b).is_file(),
+                "{what} {b} missing in {} (upstream: scripts/test builds it into target/interop/upstream)",
+                dir.display()
+            );
+        }
+    }
+    let mut up = Binaries::in_dir(UPSTREAM, &upstream);
+    up.env = vec![("GOMAXPROCS".into(), "1".into())];
+    let mut impls = vec![up];
+    if quick {
+        // The shipped default engine.
+        impls.push(konn_bins("konn", &konn_dir, None));
+    } else {
+        for e in &engines {
+            impls.push(konn_bins(&format!("konn-{e}"), &konn_dir, Some(e)));
+        }
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let pin = (cpus >= 2 && !no_pin).then(|| (0, vec![1]));
+    let cfg = Config {
+        quick,
+        reps: reps.unwrap_or(3),
+        impls,
+        idle_conns: idle,
+        only,
+        pin: pin.clone(),
+    };
+    procs::raise_nofile(65_536);
+    if let Some((lg, _)) = &pin {
+        procs::pin_current_thread(&[*lg]).context("pinning the load generator")?;
+    }
+    let work = WorkDir::new("compare")?;
+    let certs = pki::write(&work.0)?;
+    let head = git_head();
+    let started = Instant::now();
+    eprintln!(
+        "konn-bench compare{}: {} repetitions, load generator on CPU 0, proxies on CPU 1 ({cpus} CPUs)",
+        if quick { " --quick" } else { "" },
+        cfg.reps
+    );
+    let cells = block_on(Engine::Epoll, compare::run(&cfg, &work.0, &certs))??;
+    let took = started.elapsed();
+    eprintln!("done in {took:.0?}");
+    let meta = serde_json::json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "quick": quick,
+        "repetitions": cfg.reps,
+        "seconds": took.as_secs(),
+        "konn_commit": head,
+        "upstream": "apiserver-network-proxy v0.36.0 (interop/go.mod)",
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "cpu": cpu_model(),
+        "cpus": cpus,
+        "pinning": "load generator + destinations: CPU 0 (one thread, epoll); server and agent: CPU 1, one worker each (konn --workers=1, Go GOMAXPROCS=1)",
+        "implementations": cfg.impls.iter().map(|b| serde_json::json!({
+            "name": b.name,
+            "server": b.server.display().to_string(),
+            "server_flags": b.server_flags,
+            "agent_flags": b.agent_flags,
+            "env": b.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    });
+    let out = out.or_else(|| (!quick).then(|| PathBuf::from("docs/benchmarks")));
+    if let Some(dir) = out {
+        for p in compare::write_outputs(&dir, &cells, meta)? {
+            eprintln!("wrote {}", p.display());
+        }
+    }
+    println!("{}", konn_bench::harness::report::markdown(&cells));
+    if quick {
+        let (lines, ok) = compare::quick_verdict(&cells, "konn", margins);
+        for l in &lines {
+            println!("{l}");
+        }
+        if !ok {
+            eprintln!("konn-bench compare --quick: regression against upstream (see above)");
+            std::process::exit(1);
+        }
+    }
+    Ok(())
+}
+
+/// The commit of the working directory, if it is a git checkout.
+fn git_head() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_default()
+}
+
+fn idle_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut connections = 1000;
     let mut impls = Vec::new();
     while let Some(a) = it.next() {
@@ -48,57 +231,32 @@ fn parse_args() -> Result<Args> {
             "--impl" => {
                 let v = it.next().context("--impl needs NAME=DIR")?;
                 let (name, dir) = v.split_once('=').context("--impl needs NAME=DIR")?;
-                let dir = PathBuf::from(dir);
-                impls.push(Binaries {
-                    name: name.to_owned(),
-                    server: dir.join("proxy-server"),
-                    agent: dir.join("proxy-agent"),
-                });
+                impls.push(Binaries::in_dir(name, Path::new(dir)));
             }
             other => bail!("unknown argument {other:?}"),
         }
     }
     if impls.is_empty() {
-        impls.push(Binaries {
-            name: "konn".into(),
-            server: procs::binary("proxy-server")?,
-            agent: procs::binary("proxy-agent")?,
-        });
+        let dir = procs::bin_dir().context("konn's binaries not found")?;
+        impls.push(Binaries::in_dir("konn", &dir));
     }
-    Ok(Args {
-        scenario,
-        connections,
-        impls,
-    })
-}
-
-fn main() -> Result<()> {
-    let args = parse_args()?;
-    ensure!(
-        args.scenario == "idle",
-        "unknown scenario {:?}",
-        args.scenario
-    );
-    let dir = std::env::temp_dir().join(format!("konn-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let certs = pki::write(&dir)?;
+    let work = WorkDir::new("idle")?;
+    let dir = &work.0;
+    let certs = pki::write(dir)?;
     let echo = Destination::echo()?;
-    println!(
-        "S5 idle connections: {} tunnelled connections, gRPC frontend over UDS",
-        args.connections
-    );
+    println!("S5 idle connections: {connections} tunnelled connections, gRPC frontend over UDS");
     println!(
         "| impl | server KiB/conn | agent KiB/conn | server RSS base→open→closed (MiB) | agent RSS base→open→closed (MiB) |"
     );
     println!("|---|---:|---:|---|---|");
-    for bins in &args.impls {
-        let topo = Topology::start(bins, Mode::Grpc, &dir, &certs, &[], &[])
+    for bins in &impls {
+        let topo = Topology::start(bins, Mode::Grpc, dir, &certs, None)
             .with_context(|| format!("starting {}", bins.name))?;
-        let r = idle(&topo, echo.addr().to_string(), args.connections)?;
+        let r = idle(&topo, echo.addr().to_string(), connections)?;
         if !topo.stop(Duration::from_secs(10)) {
             eprintln!("  {}: a process did not stop on SIGTERM", bins.name);
         }
-        let per = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / args.connections as f64;
+        let per = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / connections as f64;
         println!(
             "| {} | {:.1} | {:.1} | {:.1} → {:.1} → {:.1} | {:.1} → {:.1} → {:.1} |",
             bins.name,
@@ -112,7 +270,6 @@ fn main() -> Result<()> {
             r.agent[2] as f64 / 1024.0,
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -1,6 +1,14 @@
 //! The side-by-side harness's building blocks: a topology of real binaries
 //! (a proxy-server and a proxy-agent, konn's or upstream's, with the same
-//! flags and certificates) and per-process measurements from `/proc`.
+//! flags and certificates), per-process measurements from `/proc`, and the
+//! load generator's pieces ([`dests`], [`load`], [`stats`], [`report`]).
+
+pub mod compare;
+pub mod dests;
+pub mod load;
+pub mod report;
+pub mod scenarios;
+pub mod stats;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,6 +27,28 @@ pub struct Binaries {
     pub server: PathBuf,
     /// The proxy-agent binary.
     pub agent: PathBuf,
+    /// Flags of this implementation only, after the common ones (konn:
+    /// `--workers`, `--io-engine`).
+    pub server_flags: Vec<String>,
+    /// See `server_flags`.
+    pub agent_flags: Vec<String>,
+    /// Environment of both processes (Go: `GOMAXPROCS`).
+    pub env: Vec<(String, String)>,
+}
+
+impl Binaries {
+    /// `name`'s binaries `proxy-server` and `proxy-agent` in `dir`, with no
+    /// extra flags.
+    pub fn in_dir(name: &str, dir: &Path) -> Self {
+        Self {
+            name: name.to_owned(),
+            server: dir.join("proxy-server"),
+            agent: dir.join("proxy-agent"),
+            server_flags: Vec::new(),
+            agent_flags: Vec::new(),
+            env: Vec::new(),
+        }
+    }
 }
 
 /// The frontend mode of a topology's server.
@@ -40,21 +70,30 @@ pub struct Topology {
     pub socket: PathBuf,
     /// The server's health port.
     pub server_health: SocketAddr,
+    mode: Mode,
+    bins: Binaries,
+    server_args: Vec<String>,
+    agent_args: Vec<String>,
+    cpus: Option<Vec<usize>>,
+    dir: PathBuf,
 }
+
+/// How long a restarted process may keep failing at start.
+const RESPAWN_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a topology may take to come up.
 const READY_WAIT: Duration = Duration::from_secs(30);
 
 impl Topology {
     /// Start `bins`' server in `mode` and its agent, in `dir`, and wait
-    /// until the server reports the agent connected (`/readyz`).
+    /// until the server reports the agent connected (`/readyz`). Both
+    /// processes run on `cpus` (all CPUs when `None`).
     pub fn start(
         bins: &Binaries,
         mode: Mode,
         dir: &Path,
         certs: &PkiFiles,
-        extra_server: &[String],
-        extra_agent: &[String],
+        cpus: Option<&[usize]>,
     ) -> Result<Self, Error> {
         let port = || procs::free_port();
         let (agent_port, health, admin, agent_health, agent_admin) =
@@ -83,7 +122,7 @@ impl Topology {
             format!("--admin-port={admin}"),
             "--server-count=1".into(),
         ];
-        server_args.extend_from_slice(extra_server);
+        server_args.extend_from_slice(&bins.server_flags);
         let mut agent_args = vec![
             "--proxy-server-host=127.0.0.1".into(),
             format!("--proxy-server-port={agent_port}"),
@@ -96,28 +135,117 @@ impl Topology {
             "--admin-bind-address=127.0.0.1".into(),
             format!("--admin-server-port={agent_admin}"),
         ];
-        agent_args.extend_from_slice(extra_agent);
-        let io = |e: std::io::Error| Error::Write(dir.to_owned(), e);
-        let server = Proc::spawn(
-            &bins.server,
-            &server_args,
-            &dir.join(format!("{}-server.log", bins.name)),
-        )
-        .map_err(io)?;
-        let agent = Proc::spawn(
-            &bins.agent,
-            &agent_args,
-            &dir.join(format!("{}-agent.log", bins.name)),
-        )
-        .map_err(io)?;
+        agent_args.extend_from_slice(&bins.agent_flags);
+        let server = Self::spawn_one(bins, &bins.server, &server_args, dir, "server", cpus)?;
+        let agent = Self::spawn_one(bins, &bins.agent, &agent_args, dir, "agent", cpus)?;
         let mut me = Self {
             server,
             agent,
             socket,
             server_health: SocketAddr::from(([127, 0, 0, 1], health)),
+            mode,
+            bins: bins.clone(),
+            server_args,
+            agent_args,
+            cpus: cpus.map(<[usize]>::to_vec),
+            dir: dir.to_owned(),
         };
         me.wait_ready()?;
         Ok(me)
+    }
+
+    fn spawn_one(
+        bins: &Binaries,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        what: &str,
+        cpus: Option<&[usize]>,
+    ) -> Result<Proc, Error> {
+        let log = dir.join(format!("{}-{what}.log", bins.name));
+        Proc::spawn_with(program, args, &log, &bins.env, cpus)
+            .map_err(|e| Error::Write(log.clone(), e))
+    }
+
+    /// How the load generator reaches destinations through this topology.
+    pub fn route(&self) -> load::Route {
+        match self.mode {
+            Mode::Grpc => load::Route::Grpc(self.socket.clone()),
+            Mode::HttpConnect => load::Route::Connect(self.socket.clone()),
+        }
+    }
+
+    /// The implementation's name.
+    pub fn name(&self) -> &str {
+        &self.bins.name
+    }
+
+    /// Kill the agent (SIGKILL, as a crash or an evicted pod) and start it
+    /// again with the same flags; does not wait for it to connect.
+    pub fn restart_agent(&mut self) -> Result<(), Error> {
+        self.agent.kill();
+        self.agent = self.spawn_again(false)?;
+        Ok(())
+    }
+
+    /// Kill the server (SIGKILL) and start it again with the same flags;
+    /// does not wait for the agent to reconnect.
+    pub fn restart_server(&mut self) -> Result<(), Error> {
+        self.server.kill();
+        self.server = self.spawn_again(true)?;
+        Ok(())
+    }
+
+    /// Start again whichever process has exited; returns how many were.
+    /// After a restart this is needed: a killed process's ports can stay
+    /// bound for a moment after it is reaped (the kernel tears an io_uring
+    /// instance, and the sockets it holds, down asynchronously), and the
+    /// new process then exits with "Address already in use".
+    pub fn revive(&mut self) -> Result<u32, Error> {
+        let mut n = 0;
+        if !self.server.is_running() {
+            self.server = self.spawn_again(true)?;
+            n += 1;
+        }
+        if !self.agent.is_running() {
+            self.agent = self.spawn_again(false)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn spawn_again(&self, server: bool) -> Result<Proc, Error> {
+        let (program, args, what) = if server {
+            (&self.bins.server, &self.server_args, "server")
+        } else {
+            (&self.bins.agent, &self.agent_args, "agent")
+        };
+        Self::spawn_one(
+            &self.bins,
+            program,
+            args,
+            &self.dir,
+            what,
+            self.cpus.as_deref(),
+        )
+    }
+
+    /// Kill both processes and start them again with the same flags;
+    /// waits until the agent is connected.
+    pub fn restart_both(&mut self) -> Result<(), Error> {
+        self.agent.kill();
+        self.restart_server()?;
+        self.restart_agent()?;
+        let step = Duration::from_millis(100);
+        let mut waited = Duration::ZERO;
+        while waited < RESPAWN_WAIT {
+            std::thread::sleep(step);
+            waited += step;
+            if self.revive()? == 0 && self.is_ready() {
+                return Ok(());
+            }
+        }
+        self.wait_ready()
     }
 
     /// Stop both processes as an orchestrator would: SIGTERM to the agent
@@ -132,6 +260,11 @@ impl Topology {
         let agent = self.agent.wait_timeout(timeout).is_some();
         let server = self.server.wait_timeout(timeout).is_some();
         agent && server
+    }
+
+    /// Whether the server answers `/readyz` with 200 (an agent is connected).
+    pub fn is_ready(&self) -> bool {
+        matches!(procs::http_get(self.server_health, "/readyz"), Ok((200, _)))
     }
 
     fn wait_ready(&mut self) -> Result<(), Error> {
@@ -150,7 +283,7 @@ impl Topology {
                     self.agent.log_tail(20)
                 )));
             }
-            if matches!(procs::http_get(self.server_health, "/readyz"), Ok((200, _))) {
+            if self.is_ready() {
                 return Ok(());
             }
             std::thread::sleep(step);
@@ -170,8 +303,41 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|n| n.parse().ok())
 }
 
-/// CPU time (user + system) of process `pid`, all threads.
+/// CPU time of process `pid`: the sum of its threads' time on a CPU
+/// from `/proc/<pid>/task/*/schedstat` (nanoseconds, unlike the 10 ms
+/// ticks of `/proc/<pid>/stat`, which are too coarse for CPU µs per
+/// message over a 2 s window). Threads that have exited no longer count,
+/// so compare two readings only while the process keeps its threads
+/// (konn's workers and Go's Ms do); falls back to the ticks of
+/// `/proc/<pid>/stat` where schedstat is missing.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let mut ns = 0u64;
+    let mut any = false;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(t.path().join("schedstat")) else {
+                continue;
+            };
+            if let Some(v) = text
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                ns += v;
+                any = true;
+            }
+        }
+    }
+    if any {
+        Some(Duration::from_nanos(ns))
+    } else {
+        cpu_ticks(pid)
+    }
+}
+
+/// CPU time (user + system) of process `pid`, all threads, in clock ticks
+/// from `/proc/<pid>/stat`.
+pub fn cpu_ticks(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may contain spaces) start at ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -181,6 +347,41 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_millis(
         (utime + stime) * 1000 / clock_ticks(),
     ))
+}
+
+/// Open file descriptors of process `pid`.
+pub fn fd_count(pid: u32) -> Option<u64> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
+}
+
+/// Threads of process `pid`.
+pub fn thread_count(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Context switches (voluntary + involuntary) of process `pid`'s main
+/// thread group, summed over its threads.
+pub fn ctx_switches(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(t) = t else { continue };
+        let Ok(status) = std::fs::read_to_string(t.path().join("status")) else {
+            continue;
+        };
+        for l in status.lines() {
+            if let Some(v) = l
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                total += v.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    Some(total)
 }
 
 #[allow(unsafe_code)]
@@ -201,6 +402,11 @@ mod tests {
             x = x.wrapping_add(i * i);
         }
         std::hint::black_box(x);
-        assert!(super::cpu_time(me).is_some());
+        let (a, b) = (super::cpu_time(me), super::cpu_ticks(me));
+        assert!(a.is_some_and(|t| t > std::time::Duration::ZERO), "{a:?}");
+        assert!(b.is_some());
+        assert!(super::fd_count(me).is_some_and(|n| n >= 3));
+        assert!(super::thread_count(me).is_some_and(|n| n >= 1));
+        assert!(super::ctx_switches(me).is_some());
     }
 }

@@ -14,8 +14,9 @@ use std::time::Duration;
 use super::{ByteSizeValue, ChoiceValue, FlagSet, GoDuration, Section};
 use crate::io::runtime::{IoEngine, RuntimeConfig};
 
-/// `--io-engine` default.
-pub const DEFAULT_IO_ENGINE: IoEngine = IoEngine::Auto;
+/// `--io-engine` default: epoll, measured faster than io_uring on the
+/// proxy data path (docs/decisions/0003-default-io-engine.md).
+pub const DEFAULT_IO_ENGINE: IoEngine = IoEngine::Epoll;
 /// `--memory-budget` default: 512 MiB (the buffer pools' default).
 pub const DEFAULT_MEMORY_BUDGET: u64 = 512 << 20;
 /// `--conn-queue-size` default: 1 MiB per connection and direction (the
@@ -328,7 +329,7 @@ mod tests {
     #[test]
     fn defaults() {
         let e = parse(&[]).unwrap();
-        assert_eq!(e.io_engine, IoEngine::Auto);
+        assert_eq!(e.io_engine, IoEngine::Epoll);
         assert_eq!(e.workers, RuntimeConfig::default().workers);
         assert!(e.workers >= 1);
         assert!(!e.pin_cores);
@@ -446,7 +447,7 @@ mod tests {
         assert!(fs.usage(Section::Upstream).is_empty());
         let usage = fs.usage(Section::Konn);
         assert!(usage.contains("--io-engine string"), "{usage}");
-        assert!(usage.contains("(default \"auto\")"), "{usage}");
+        assert!(usage.contains("(default \"epoll\")"), "{usage}");
         assert!(usage.contains("--memory-budget size"), "{usage}");
         assert!(usage.contains("(default 512Mi)"), "{usage}");
         assert!(usage.contains("(default 2m0s)"), "{usage}");
