@@ -98,7 +98,7 @@ fn defaults_map_like_upstream() {
     assert_eq!(s.h2_windows, (1 << 20, 4 << 20));
     assert_eq!(s.max_message, 4 << 20);
     assert!(s.runtime.workers >= 1);
-    assert_eq!(s.runtime.engine, IoEngine::Auto);
+    assert_eq!(s.runtime.engine, IoEngine::Epoll);
     let h2 = s.h2_config();
     assert_eq!(h2.keepalive.unwrap().interval, Duration::from_secs(3600));
     assert_eq!((h2.stream_window, h2.conn_window), (1 << 20, 4 << 20));
