@@ -19,7 +19,8 @@
 //!   servers that negotiated `konn-flow-control`), and when an endpoint that
 //!   drains nothing is stuck. The writer reports what the destination took;
 //!   reports are batched (added up in the endpoint, handed over before the
-//!   endpoint's next DATA) unless the tunnel waits for them;
+//!   endpoint's next DATA, or by the tunnel's one stuck watch task) unless
+//!   the tunnel waits for them;
 //! - endpoint → tunnel: an endpoint is read only while the tunnel stream's
 //!   send queue is below its high-water mark (readers pause and resume
 //!   together when it drains) and while the server has not paused that
@@ -750,8 +751,8 @@ async fn read_endpoint(
 }
 
 /// Tunnel → destination. Every write's progress goes to the tunnel (see
-/// the module docs); a write that makes no progress for the stuck timeout
-/// asks the tunnel whether the endpoint is stuck.
+/// the module docs); an endpoint that makes no progress is aborted by the
+/// tunnel's stuck watch ([`watch_stuck`]), which ends this task.
 async fn write_endpoint(
     me: WeakConnHandle<Grpc, TunnelHandler>,
     ep: Rc<Endpoint>,
