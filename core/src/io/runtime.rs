@@ -813,12 +813,20 @@ where
     }
 }
 
-/// Periodically lets the pool notice returned buffers and give memory back.
+/// Periodically lets the pool notice returned buffers and give memory back,
+/// and about once a second lets the allocator return what it freed
+/// ([`crate::alloc::collect`]).
 async fn maintain_pool(pool: BufPool, stop: StopToken, interval: Duration) {
+    let mut since_collect = Duration::ZERO;
     loop {
         match race(monoio::time::sleep(interval), stop.stopped()).await {
             Either::Left(()) => {
                 pool.reclaim();
+                since_collect += interval;
+                if since_collect >= Duration::from_secs(1) {
+                    since_collect = Duration::ZERO;
+                    crate::alloc::collect();
+                }
             }
             Either::Right(()) => return,
         }
