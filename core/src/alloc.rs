@@ -58,3 +58,31 @@ pub fn collect() {
         libmimalloc_sys::mi_collect(false);
     }
 }
+
+/// Installs mimalloc as the binary's global allocator and tunes it
+/// ([`tune_mimalloc`]) from a `.preinit_array` entry, before the first
+/// allocation. For `proxy-server` and `proxy-agent`, which depend on the
+/// `mimalloc` crate and enable this crate's `mimalloc` feature.
+#[macro_export]
+macro_rules! mimalloc_global_allocator {
+    () => {
+        /// mimalloc: per-thread heaps without cross-thread locking on the
+        /// worker threads; tuned by `konn_core::alloc::tune_mimalloc`.
+        #[global_allocator]
+        static GLOBAL: ::mimalloc::MiMalloc = ::mimalloc::MiMalloc;
+
+        /// Tunes mimalloc before the first allocation (a process
+        /// constructor runs before Rust's runtime allocates).
+        #[used]
+        #[allow(unsafe_code)]
+        // SAFETY: the function only stores two integer allocator options;
+        // it calls nothing that needs Rust's runtime, and runs once,
+        // single-threaded.
+        #[unsafe(link_section = ".preinit_array")]
+        static TUNE_ALLOCATOR: extern "C" fn() = tune_allocator;
+
+        extern "C" fn tune_allocator() {
+            $crate::alloc::tune_mimalloc();
+        }
+    };
+}

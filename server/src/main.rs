@@ -20,24 +20,7 @@ use konn_server::options::{self, ServerOptions};
 use konn_server::serve;
 use konn_server::settings::ServerSettings;
 
-/// mimalloc: per-thread heaps without cross-thread locking on the worker
-/// threads; tuned by `konn_core::alloc::tune_mimalloc` to commit lazily and
-/// return freed memory to the OS.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Tunes mimalloc before the first allocation (a process constructor runs
-/// before Rust's runtime allocates), so its arenas commit lazily.
-#[used]
-#[allow(unsafe_code)]
-// SAFETY: the function only stores two integer allocator options; it calls
-// nothing that needs Rust's runtime, and runs once, single-threaded.
-#[unsafe(link_section = ".preinit_array")]
-static TUNE_ALLOCATOR: extern "C" fn() = tune_allocator;
-
-extern "C" fn tune_allocator() {
-    konn_core::alloc::tune_mimalloc();
-}
+konn_core::mimalloc_global_allocator!();
 
 fn main() -> ExitCode {
     let mut cmd = options::command();
