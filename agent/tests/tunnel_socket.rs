@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use konn_agent::client::{ConnectParams, open_tunnel};
 use konn_agent::conn::{TunnelEvent, TunnelSettings};
+use konn_bench::fds::open_fds;
 use konn_core::io::driver::{ConnHandle, DriverConfig, Handler};
 use konn_core::io::notify::Notify;
 use konn_core::io::pool::{BufPool, MemoryBudget, PoolConfig};
@@ -23,12 +24,6 @@ use monoio::net::TcpListener;
 
 #[allow(clippy::disallowed_types)] // test-only serialisation of fd counting
 static FD_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
 
 /// The scripted server: records packets, lets the test send.
 #[derive(Default)]

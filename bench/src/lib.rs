@@ -17,6 +17,7 @@
 pub mod connect;
 pub mod dest;
 pub mod error;
+pub mod fds;
 pub mod frontend;
 pub mod harness;
 pub mod pki;

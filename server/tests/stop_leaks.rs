@@ -9,6 +9,7 @@ use std::time::Duration;
 use konn_agent::client::{ConnectParams, run_tunnel};
 use konn_agent::conn::TunnelSettings;
 use konn_bench::dest::Destination;
+use konn_bench::fds::{fd_targets, open_fds};
 use konn_bench::frontend::GrpcFrontend;
 use konn_core::io::driver::DriverConfig;
 use konn_core::io::pool::{BufPool, MemoryBudget, PoolConfig};
@@ -16,39 +17,16 @@ use konn_core::io::runtime::{Engine, IoEngine, available_engines, block_on};
 use konn_server::serve::start;
 use konn_server::settings::{FrontendListen, Mode, ServerSettings};
 
-fn fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
-}
-
-fn fds() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| {
-                    let target = std::fs::read_link(e.path()).unwrap_or_default();
-                    format!(
-                        "{} -> {}",
-                        e.file_name().to_string_lossy(),
-                        target.display()
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
 /// Wait (bounded) for the descriptor count to come back to `base`.
 fn settles_to(base: usize) -> usize {
     for _ in 0..300 {
-        let n = fd_count();
+        let n = open_fds();
         if n <= base {
             return n;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    fd_count()
+    open_fds()
 }
 
 /// Join `t`, failing the test if it has not ended within `limit`.
@@ -79,8 +57,8 @@ fn stop_closes_every_connection_and_frees_every_descriptor() {
     let dest = echo.addr().to_string();
     for engine in available_engines().into_iter().rev() {
         let dir = tempfile::tempdir().unwrap();
-        let base = fd_count();
-        let before = fds();
+        let base = open_fds();
+        let before = fd_targets();
         let mut settings =
             ServerSettings::for_tests(FrontendListen::Unix(dir.path().join("s.sock")), Mode::Grpc);
         settings.runtime.workers = 2;
@@ -164,7 +142,7 @@ fn stop_closes_every_connection_and_frees_every_descriptor() {
             now,
             base,
             "{engine}: descriptors leaked by stop(): before {before:?}, after {:?}",
-            fds()
+            fd_targets()
         );
     }
 }

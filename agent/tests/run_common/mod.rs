@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use konn_agent::run::AgentSettings;
+pub use konn_bench::fds::{fd_targets, open_fds};
 use konn_core::io::runtime::{Engine, IoEngine};
 use konn_server::serve::{ServerHandle, start};
 use konn_server::settings::{FrontendListen, Mode, ServerSettings};
@@ -31,26 +32,6 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-/// What each open descriptor points at.
-pub fn fd_targets() -> Vec<String> {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| {
-                    let target = std::fs::read_link(e.path()).unwrap_or_default();
-                    format!("{}->{}", e.file_name().to_string_lossy(), target.display())
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Waits until the process has at most `limit` descriptors open (sockets

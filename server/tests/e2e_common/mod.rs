@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use konn_agent::run::{self, AgentHandle, AgentSettings};
 use konn_bench::connect::{ConnectTunnel, Requested, http1_tls};
+pub use konn_bench::fds::{fd_targets, open_fds};
 use konn_bench::frontend::GrpcFrontend;
 use konn_bench::pki::PkiFiles;
 use konn_core::io::runtime::{Engine, IoEngine};
@@ -64,26 +65,6 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
-}
-
-/// What each open descriptor points at.
-pub fn fd_targets() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| {
-                    let target = std::fs::read_link(e.path()).unwrap_or_default();
-                    format!("{}->{}", e.file_name().to_string_lossy(), target.display())
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 /// Waits until the process has at most `limit` descriptors open (sockets
