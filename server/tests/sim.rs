@@ -306,6 +306,20 @@ impl Sim {
         )
     }
 
+    /// `closing` send CLOSE_REQ, then every frontend goes away; then
+    /// everything must be back to baseline ([`Sim::assert_clean`]).
+    fn wind_down(&mut self, closing: &[FrontendId]) {
+        for &f in closing {
+            self.close(f);
+        }
+        self.run_for(Duration::from_millis(10));
+        for f in 1..self.next_fid {
+            self.frontend_gone(f);
+        }
+        self.run_for(Duration::from_millis(10));
+        self.assert_clean();
+    }
+
     /// Everything closed: empty tables, all credit back in both windows.
     fn assert_clean(&self) {
         let (stats, endpoints, s2a, a2s) = self.stats();
@@ -699,15 +713,7 @@ fn a_stalled_destination_pauses_only_its_own_flow() {
     });
     assert_eq!(sim.fes[&stalled].close_rsp.as_deref(), Some(STUCK));
     assert!(sim.dests[&connect_id].aborted);
-    for f in others {
-        sim.close(f);
-    }
-    sim.run_for(Duration::from_millis(10));
-    for f in 1..sim.next_fid {
-        sim.frontend_gone(f);
-    }
-    sim.run_for(Duration::from_millis(10));
-    sim.assert_clean();
+    sim.wind_down(&others);
 }
 
 #[test]
@@ -741,15 +747,7 @@ fn a_frontend_that_stops_reading_holds_back_only_its_own_flow_until_it_goes() {
         // credit goes back at once and the others finish.
         sim.frontend_gone(deaf);
         sim.run_until(Duration::from_millis(500), done);
-        for f in others {
-            sim.close(f);
-        }
-        sim.run_for(Duration::from_millis(10));
-        for f in 1..sim.next_fid {
-            sim.frontend_gone(f);
-        }
-        sim.run_for(Duration::from_millis(10));
-        sim.assert_clean();
+        sim.wind_down(&others);
     }
 }
 
@@ -780,15 +778,7 @@ fn without_the_extension_a_stalled_destination_holds_the_tunnel_until_its_stuck_
         others.iter().all(|&f| s.echoed_all(f, 2 << 20))
     });
     assert_eq!(sim.fes[&stalled].close_rsp.as_deref(), Some(STUCK));
-    for f in others {
-        sim.close(f);
-    }
-    sim.run_for(Duration::from_millis(10));
-    for f in 1..sim.next_fid {
-        sim.frontend_gone(f);
-    }
-    sim.run_for(Duration::from_millis(10));
-    sim.assert_clean();
+    sim.wind_down(&others);
 }
 
 #[test]
