@@ -13,8 +13,8 @@ use konn_core::io::pool::BufPool;
 use konn_core::io::resolve::{dial_tcp, go_dial_error};
 use konn_core::io::runtime::{Either, race};
 use konn_core::io::tls::ClientTls;
-use konn_core::proto::grpc::Grpc;
-use konn_core::proto::h2::{self, Connection, Headers, Keepalive, Role};
+use konn_protocol::grpc::Grpc;
+use konn_protocol::h2::{self, Connection, Headers, Keepalive, Role};
 use monoio::net::TcpStream;
 
 use crate::conn::{TunnelEvent, TunnelHandler, TunnelObserver, TunnelSettings};

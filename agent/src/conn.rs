@@ -47,16 +47,16 @@ use konn_core::io::pool::BufPool;
 use konn_core::io::resolve::{DialError, dial_tcp, go_dial_error};
 use konn_core::io::runtime::{Either, race};
 use konn_core::io::sock;
-use konn_core::proto::grpc::{Grpc, GrpcEvent};
-use konn_core::proto::h2::Headers;
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{self, MAX_DATA_PAYLOAD, Packet, PacketType};
+use konn_protocol::grpc::{Grpc, GrpcEvent};
+use konn_protocol::h2::Headers;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, Splitable};
 use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 use std::time::Instant;
 
-use crate::tunnel::{Action, DialFailure, Tunnel, TunnelConfig};
+use konn_protocol::agent::tunnel::{Action, DialFailure, Tunnel, TunnelConfig};
 
 /// Room in front of a read for the gRPC prefix and the DATA packet header.
 const HEADROOM: usize = 32;

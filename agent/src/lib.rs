@@ -1,14 +1,15 @@
 //! # konn-agent: the proxy-agent binary's library
 //!
 //! Everything `proxy-agent` does lives here so tests can drive it in-process;
-//! `main.rs` only parses flags, sets up logging and starts it.
+//! `main.rs` only parses flags, sets up logging and starts it. The protocol
+//! — the per-tunnel state machine and the server set with its sync timing —
+//! is sans-IO and lives in `konn_protocol::agent`; this crate is the IO and
+//! the wiring around it.
 //!
 //! - [`options`]: the command line (every upstream v0.36 flag, konn's own).
-//! - [`tunnel`]: the per-tunnel protocol state machine (sans-IO).
 //! - [`conn`]: one tunnel on a socket, with the endpoints it relays.
 //! - [`client`]: opening a tunnel (dial, TLS, HTTP/2, the Connect call).
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints.
-//! - [`sync`]: which servers to hold tunnels to, and when to dial (sans-IO).
 //! - [`run`]: the running agent: workers, tunnels, sync loop, DRAIN, the
 //!   health and admin ports.
 
@@ -19,7 +20,5 @@ pub mod health;
 pub mod metrics;
 pub mod options;
 pub mod run;
-pub mod sync;
-pub mod tunnel;
 
 pub use error::Error;

@@ -11,7 +11,7 @@
 //!                                  TunnelHandler + its endpoints (worker k)
 //! ```
 //!
-//! **Placement.** Worker 0 runs the sync loop ([`crate::sync`]) and the two
+//! **Placement.** Worker 0 runs the sync loop ([`konn_protocol::agent::sync`]) and the two
 //! HTTP servers. Each tunnel attempt is placed on the worker holding the
 //! fewest tunnels, ties broken round-robin (so with tunnels that never end
 //! this is plain round-robin, and a worker that lost its tunnel gets the
@@ -61,19 +61,19 @@ use konn_core::io::pool::BufPool;
 use konn_core::io::runtime::{Either, Engine, RuntimeConfig, StopToken, WorkerCtx, Workers, race};
 use konn_core::io::tls::{ClientTlsOptions, PemSource};
 use konn_core::io::xcore::MeshSender;
-use konn_core::proto::flow::FlowLimits;
-use konn_core::proto::h2;
 use konn_frames::GrpcStatus;
 use konn_frames::packet::PacketType;
+use konn_protocol::flow::FlowLimits;
+use konn_protocol::h2;
 
 use crate::client::{ConnectParams, TunnelHandle, open_tunnel_with};
 use crate::conn::{TunnelEvent, TunnelHandler, TunnelObserver, TunnelSettings};
 use crate::health::{admin_router, health_router, join_host_port};
 use crate::metrics::{AgentCoreMetrics, AgentMetrics, DialFailureReason, Direction, Segment};
 use crate::options::AgentOptions;
-use crate::sync::{Admission, Outcome, Rng, Round, ServerSet, SyncConfig, TunnelId};
-use crate::tunnel::DialFailure;
-use crate::tunnel::TunnelConfig;
+use konn_protocol::agent::sync::{Admission, Outcome, Rng, Round, ServerSet, SyncConfig, TunnelId};
+use konn_protocol::agent::tunnel::DialFailure;
+use konn_protocol::agent::tunnel::TunnelConfig;
 
 /// Timeout of one destination dial (upstream's `dialTimeout`).
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -267,7 +267,7 @@ impl AgentSettings {
                 interval: o.sync_interval,
                 interval_cap: o.sync_interval_cap,
                 sync_forever: o.sync_forever,
-                header_timeout: crate::sync::DEFAULT_HEADER_TIMEOUT,
+                header_timeout: konn_protocol::agent::sync::DEFAULT_HEADER_TIMEOUT,
             },
             health: listen_addrs("health-server-host", &o.health.bind_address, o.health.port)?,
             admin: listen_addrs("admin-bind-address", &o.admin.bind_address, o.admin.port)?,
@@ -853,7 +853,10 @@ struct Controller {
 impl Controller {
     fn new(inner: &Inner, mesh: MeshSender<Msg>, workers: usize) -> Self {
         Self {
-            set: RefCell::new(ServerSet::new(inner.settings.sync, Rng::from_entropy())),
+            set: RefCell::new(ServerSet::new(
+                inner.settings.sync,
+                Rng::new(konn_core::io::clock::seed()),
+            )),
             load: RefCell::new(vec![0; workers.max(1)]),
             cursor: Cell::new(0),
             placed: RefCell::new(HashMap::new()),

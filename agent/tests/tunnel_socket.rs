@@ -15,10 +15,10 @@ use konn_core::io::driver::{ConnHandle, DriverConfig, Handler};
 use konn_core::io::notify::Notify;
 use konn_core::io::pool::{BufPool, MemoryBudget, PoolConfig};
 use konn_core::io::runtime::{Either, race, run_on_each_engine};
-use konn_core::proto::grpc::{Grpc, GrpcEvent};
-use konn_core::proto::h2::{Config, Connection, Headers, Role};
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{ByteStr, Packet};
+use konn_protocol::grpc::{Grpc, GrpcEvent};
+use konn_protocol::h2::{Config, Connection, Headers, Role};
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpListener;
 

@@ -17,8 +17,8 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use konn_core::io::driver::{ConnHandle, DriverConfig, Handler};
 use konn_core::io::notify::Notify;
 use konn_core::io::runtime::{Engine, available_engines, block_on};
-use konn_core::proto::grpc::{Grpc, GrpcEvent};
-use konn_core::proto::h2::{Config, Connection, Headers, Role};
+use konn_protocol::grpc::{Grpc, GrpcEvent};
+use konn_protocol::h2::{Config, Connection, Headers, Role};
 
 /// Counts messages; an empty message asks for the count.
 #[derive(Default)]

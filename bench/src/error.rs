@@ -71,3 +71,9 @@ impl From<konn_core::Error> for Error {
         Self::Io(e)
     }
 }
+
+impl From<konn_protocol::Error> for Error {
+    fn from(e: konn_protocol::Error) -> Self {
+        Self::Io(e.into())
+    }
+}

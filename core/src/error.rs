@@ -136,38 +136,17 @@ pub enum Error {
     /// `EBADF` or `EINVAL`), so the accept loop ended.
     Accept(io::Error),
 
-    // ---- HTTP/2 connections (proto::h2): per-connection errors ----
-    /// We found a connection error in the peer's frames and sent GOAWAY
-    /// with this code (`what` names the rule that was broken).
-    H2Local {
-        /// The GOAWAY error code.
-        reason: konn_frames::Reason,
-        /// The broken rule, e.g. "DATA on an idle stream".
-        what: &'static str,
-    },
-    /// The peer closed the connection with GOAWAY carrying an error code.
-    H2Remote {
-        /// The peer's error code.
-        reason: konn_frames::Reason,
-    },
-    /// The peer's bytes are not valid HTTP/2 or HPACK.
-    Frame(konn_frames::Error),
-    /// A keepalive PING was not acknowledged in time.
-    KeepaliveTimeout,
+    // ---- connections (konn-protocol, io::driver): per-connection errors ----
+    /// The HTTP/2 or gRPC state machine failed (the peer broke a rule, sent
+    /// GOAWAY with an error, missed a keepalive, or a call cannot be
+    /// honoured now).
+    Protocol(konn_protocol::Error),
     /// The peer closed the connection.
     ConnectionClosed,
     /// This side closed the connection at once (a process stopping).
     Aborted,
-    /// All client stream ids are used up; open a new connection.
-    StreamIdsExhausted,
-    /// The connection is shutting down (GOAWAY): no new streams.
-    GoingAway,
-    /// The peer's SETTINGS_MAX_CONCURRENT_STREAMS is reached.
-    TooManyStreams,
-    /// The stream is closed for sending, or unknown.
-    StreamClosed(u32),
-    /// The application used the connection API wrongly (a bug).
-    H2Usage(&'static str),
+    /// The application used a driver API wrongly (a bug).
+    Usage(&'static str),
     /// A socket write made no progress for this long: the peer stopped
     /// reading (zero window or full socket buffer).
     WriteTimeout(Duration),
@@ -179,6 +158,16 @@ pub enum Error {
     EngineFlag(crate::cli::engine::EngineError),
     /// Logging cannot be set up (e.g. `--log-file` cannot be opened).
     Log(crate::log::LogError),
+}
+
+impl From<konn_protocol::Error> for Error {
+    fn from(e: konn_protocol::Error) -> Self {
+        match e {
+            // One variant for a lost transport, whichever layer saw it.
+            konn_protocol::Error::ConnectionClosed => Self::ConnectionClosed,
+            e => Self::Protocol(e),
+        }
+    }
 }
 
 impl From<crate::cli::ParseError> for Error {
@@ -333,19 +322,10 @@ impl fmt::Display for Error {
                 path.display()
             ),
             Self::Accept(cause) => write!(f, "accept failed permanently: {cause}"),
-            Self::H2Local { reason, what } => write!(f, "HTTP/2 connection error {reason}: {what}"),
-            Self::H2Remote { reason } => {
-                write!(f, "HTTP/2 peer closed the connection with {reason}")
-            }
-            Self::Frame(e) => write!(f, "HTTP/2: {e}"),
-            Self::KeepaliveTimeout => f.write_str("keepalive PING not acknowledged in time"),
+            Self::Protocol(e) => e.fmt(f),
             Self::ConnectionClosed => f.write_str("connection closed by the peer"),
             Self::Aborted => f.write_str("connection closed locally (stopping)"),
-            Self::StreamIdsExhausted => f.write_str("HTTP/2 stream ids exhausted"),
-            Self::GoingAway => f.write_str("HTTP/2 connection is going away"),
-            Self::TooManyStreams => f.write_str("peer's MAX_CONCURRENT_STREAMS reached"),
-            Self::StreamClosed(id) => write!(f, "HTTP/2 stream {id} is closed"),
-            Self::H2Usage(what) => write!(f, "HTTP/2 API misuse: {what}"),
+            Self::Usage(what) => write!(f, "driver API misuse: {what}"),
             Self::WriteTimeout(d) => write!(f, "peer did not read for {d:?}: write timed out"),
             Self::Flags(e) => e.fmt(f),
             Self::EngineFlag(e) => e.fmt(f),
@@ -389,7 +369,7 @@ impl std::error::Error for Error {
             | Self::SpawnWorker { source: e, .. }
             | Self::Bind { source: e, .. } => Some(e),
             Self::Tls(e) => Some(e),
-            Self::Frame(e) => Some(e),
+            Self::Protocol(e) => Some(e),
             Self::Flags(e) => Some(e),
             Self::EngineFlag(e) => Some(e),
             Self::Log(e) => Some(e),

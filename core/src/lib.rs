@@ -1,14 +1,16 @@
 //! # konn-core: the tunnel engine
 //!
-//! Shared by `proxy-server` and `proxy-agent`. Two layers:
-//! - `proto`: sans-IO state machines (HTTP/2 connection, gRPC streams, the
-//!   Konnectivity dial/data/close tables). No sockets, no clock, no
-//!   randomness: time and ids are passed in.
+//! Shared by `proxy-server` and `proxy-agent`: everything that does IO
+//! around the sans-IO state machines of `konn-protocol` (HTTP/2, gRPC, the
+//! Konnectivity tables).
 //! - `io`: the thread-per-core monoio runtime, io engine selection
 //!   (io_uring with epoll fallback), buffer pools, TLS, and the drivers that
 //!   pump bytes between sockets and the state machines.
+//! - `cli`, `log`, `metrics`, `http1`: the operator surface (pflag-style
+//!   flags, klog-style logging, Prometheus metrics, the health/admin HTTP
+//!   server).
 //!
-//! Errors of every module are [`Error`].
+//! Errors of every module are [`Error`]; it wraps `konn_protocol::Error`.
 
 pub mod alloc;
 pub mod cli;
@@ -17,6 +19,5 @@ pub mod http1;
 pub mod io;
 pub mod log;
 pub mod metrics;
-pub mod proto;
 
 pub use error::Error;

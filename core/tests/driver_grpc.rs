@@ -13,9 +13,9 @@ use konn_core::io::driver::{ConnHandle, DriverConfig, Handler};
 use konn_core::io::notify::Notify;
 use konn_core::io::runtime::{Either, race};
 use konn_core::io::tls::TlsLayer;
-use konn_core::proto::grpc::{Grpc, GrpcEvent};
-use konn_core::proto::h2::{Config, Connection, Headers, Role};
 use konn_frames::GrpcStatus;
+use konn_protocol::grpc::{Grpc, GrpcEvent};
+use konn_protocol::h2::{Config, Connection, Headers, Role};
 use monoio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tls_support::{Pki, TempDir};
 

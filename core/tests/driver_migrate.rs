@@ -17,9 +17,9 @@ use konn_core::io::notify::Notify;
 use konn_core::io::runtime::{Either, Engine, available_engines, block_on, race};
 use konn_core::io::tls::TlsLayer;
 use konn_core::io::xcore::detach_tcp;
-use konn_core::proto::grpc::{Grpc, GrpcEvent};
-use konn_core::proto::h2::{Config, Connection, Headers, Role};
 use konn_frames::GrpcStatus;
+use konn_protocol::grpc::{Grpc, GrpcEvent};
+use konn_protocol::h2::{Config, Connection, Headers, Role};
 use monoio::net::{TcpListener, TcpStream};
 use tls_support::Pki;
 

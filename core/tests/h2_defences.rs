@@ -19,9 +19,9 @@ use h2_support::raw::{self, RawClient, RawFrame};
 use h2_support::server::{App, ServerOpts, TestServer, Work};
 use h2_support::{assert_fds_back_to, engines, fd_guard, open_fds};
 use konn_core::io::runtime::Engine;
-use konn_core::proto::h2::{Keepalive, PingPolicy};
 use konn_frames::h2::{FrameType, MAX_WINDOW_SIZE, PREFACE, SettingId, flags};
 use konn_frames::{Reason, hpack};
+use konn_protocol::h2::{Keepalive, PingPolicy};
 
 /// MAX_CONCURRENT_STREAMS of the servers under attack.
 const MCS: u32 = 100;

@@ -39,9 +39,9 @@ use konn_core::io::listen::{
 };
 use konn_core::io::runtime::{Either, Engine, available_engines, block_on, race};
 use konn_core::io::tls::{ClientTlsOptions, PemSource, ServerTlsOptions, TlsLayer};
-use konn_core::proto::grpc::Grpc;
-use konn_core::proto::h2::{Config, Connection, Role};
 use konn_frames::GrpcStatus;
+use konn_protocol::grpc::Grpc;
+use konn_protocol::h2::{Config, Connection, Role};
 use monoio::net::UnixStream;
 use tls_support::{Pki, TempDir};
 
@@ -635,8 +635,8 @@ fn wrong_agent_id_is_refused_by_both_servers() {
 struct FinishedProbe(Rc<std::cell::Cell<Option<GrpcStatus>>>);
 
 impl konn_core::io::driver::Handler<Grpc> for FinishedProbe {
-    fn on_event(&mut self, _grpc: &mut Grpc, event: konn_core::proto::grpc::GrpcEvent) {
-        if let konn_core::proto::grpc::GrpcEvent::Finished { status, .. } = event {
+    fn on_event(&mut self, _grpc: &mut Grpc, event: konn_protocol::grpc::GrpcEvent) {
+        if let konn_protocol::grpc::GrpcEvent::Finished { status, .. } = event {
             self.0.set(Some(status));
         }
     }

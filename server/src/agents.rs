@@ -20,15 +20,15 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use konn_core::io::driver::Handler;
-use konn_core::proto::grpc::{Grpc, GrpcEvent};
-use konn_core::proto::h2::Headers;
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{Packet, PacketType};
+use konn_protocol::grpc::{Grpc, GrpcEvent};
+use konn_protocol::h2::Headers;
 
-use crate::backends::{BackendId, Identifiers};
 use crate::metrics::{Segment, ServiceMethod};
 use crate::serve::metric_strategy;
 use crate::worker::{BackendRef, Msg, Outbox, Worker, bump};
+use konn_protocol::server::backends::{BackendId, Identifiers};
 
 /// The request metadata key (and response header) of konn's flow-control
 /// extension; its value is `1`.
@@ -141,7 +141,9 @@ impl AgentConn {
             .inc();
         self.publish_backends();
         if let Some(e) = entry {
-            (self.announce)(Msg::BackendUp(e));
+            let load = std::sync::Arc::new(crate::worker::BackendLoad::default());
+            self.worker.loads.borrow_mut().insert(bid, load.clone());
+            (self.announce)(Msg::BackendUp(e, load));
         }
     }
 
@@ -153,6 +155,7 @@ impl AgentConn {
         self.worker.router.borrow_mut().backend_gone(bid);
         self.worker.backend_drained(bid); // give back any held credit
         self.worker.backends.borrow_mut().remove(&bid);
+        self.worker.loads.borrow_mut().remove(&bid);
         self.worker.apply();
         bump(&self.worker.shared.connect_streams, false);
         bump(&self.worker.shared.backends, false);

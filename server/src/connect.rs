@@ -39,9 +39,9 @@ use monoio::io::{
 };
 use monoio::net::{TcpStream, UnixStream};
 
-use crate::backends::BackendId;
-use crate::router::{FrontendId, FrontendKind};
 use crate::worker::{FrontendRef, Stop, Worker, bump};
+use konn_protocol::server::backends::BackendId;
+use konn_protocol::server::router::{FrontendId, FrontendKind};
 
 /// Room in front of a read for the gRPC prefix and the DATA packet header.
 const HEADROOM: usize = 32;

@@ -20,15 +20,15 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use konn_core::io::driver::Handler;
-use konn_core::proto::grpc::{Grpc, GrpcEvent};
-use konn_core::proto::h2::Headers;
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{Packet, PacketType};
+use konn_protocol::grpc::{Grpc, GrpcEvent};
+use konn_protocol::h2::Headers;
 
 use crate::agents::{reframe, unknown_method};
 use crate::metrics::{Segment, ServiceMethod};
-use crate::router::{FrontendId, FrontendKind};
 use crate::worker::{FrontendRef, Outbox, Worker, bump};
+use konn_protocol::server::router::{FrontendId, FrontendKind};
 
 /// A connection leaving for another core.
 #[derive(Default)]

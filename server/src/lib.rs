@@ -1,12 +1,13 @@
 //! # konn-server: the proxy-server binary's library
 //!
 //! Everything `proxy-server` does lives here so tests can drive it in-process;
-//! `main.rs` only parses flags, sets up logging and starts it.
+//! `main.rs` only parses flags, sets up logging and starts it. The protocol
+//! itself — the per-core router and the backend directory with the proxy
+//! strategies — is sans-IO and lives in `konn_protocol::server`; this crate
+//! is the IO and the wiring around it.
 //!
 //! - [`options`]: the command line (every upstream v0.36 flag, konn's own).
 //! - [`settings`]: run-time settings built from the options.
-//! - [`backends`]: the backend directory and the proxy strategies.
-//! - [`router`]: the per-core protocol state machine (sans-IO).
 //! - [`worker`]: one worker's state and the hand-off between connections.
 //! - [`agents`]: the agent port (`/AgentService/Connect` → backends).
 //! - [`frontend`]: gRPC frontends (`/ProxyService/Proxy` → frontends).
@@ -15,14 +16,12 @@
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints.
 
 pub mod agents;
-pub mod backends;
 pub mod connect;
 pub mod error;
 pub mod frontend;
 pub mod health;
 pub mod metrics;
 pub mod options;
-pub mod router;
 pub mod serve;
 pub mod settings;
 pub mod worker;

@@ -32,8 +32,8 @@ use konn_core::io::runtime::{Either, StopToken, Stopper, WorkerCtx, Workers, rac
 use konn_core::io::sock::ReadReady;
 use konn_core::io::tls::TlsLayer;
 use konn_core::io::xcore::{DetachedTcp, DetachedUnix, detach_tcp, detach_unix};
-use konn_core::proto::grpc::Grpc;
-use konn_core::proto::h2::Connection;
+use konn_protocol::grpc::Grpc;
+use konn_protocol::h2::Connection;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, Split};
 use monoio::net::{TcpStream, UnixStream};
 
@@ -43,14 +43,14 @@ use std::time::Duration;
 use crossbeam_utils::atomic::AtomicCell;
 
 use crate::agents::AgentConn;
-use crate::backends::Directory;
 use crate::connect::{Head, Sock, Wire, read_head, serve_connect};
 use crate::frontend::{FrontendConn, Plan};
 use crate::health::{BackendIdentifiers, BackendInfo};
 use crate::metrics::{ServerMetrics, Strategy as MetricStrategy};
-use crate::router::{Router, RouterConfig};
 use crate::settings::{FrontendListen, Mode, ServerSettings};
 use crate::worker::{Msg, Outbox, Shared, Stop, Worker};
+use konn_protocol::server::backends::Directory;
+use konn_protocol::server::router::{Router, RouterConfig};
 
 /// A socket in transit between workers.
 pub enum MovingFd {
@@ -270,11 +270,11 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
 }
 
 /// The metrics label of a proxy strategy.
-pub fn metric_strategy(s: crate::backends::Strategy) -> MetricStrategy {
+pub fn metric_strategy(s: konn_protocol::server::backends::Strategy) -> MetricStrategy {
     match s {
-        crate::backends::Strategy::Default => MetricStrategy::Default,
-        crate::backends::Strategy::DestHost => MetricStrategy::DestHost,
-        crate::backends::Strategy::DefaultRoute => MetricStrategy::DefaultRoute,
+        konn_protocol::server::backends::Strategy::Default => MetricStrategy::Default,
+        konn_protocol::server::backends::Strategy::DestHost => MetricStrategy::DestHost,
+        konn_protocol::server::backends::Strategy::DefaultRoute => MetricStrategy::DefaultRoute,
     }
 }
 
@@ -315,7 +315,7 @@ async fn worker_main(
     let announce: Rc<dyn Fn(Msg)> = Rc::new(move |msg: Msg| {
         for to in (0..workers).filter(|w| *w != index) {
             let copy = match &msg {
-                Msg::BackendUp(e) => Msg::BackendUp(e.clone()),
+                Msg::BackendUp(e, l) => Msg::BackendUp(e.clone(), l.clone()),
                 Msg::BackendDown(b) => Msg::BackendDown(*b),
                 Msg::BackendDraining(b) => Msg::BackendDraining(*b),
                 Msg::Adopt(_) | Msg::Shutdown => return,
@@ -385,8 +385,12 @@ async fn worker_main(
         let m = migrate.clone();
         inbox
             .serve(&worker_stop, 64, move |msg| match msg {
-                Msg::BackendUp(e) => w.router.borrow_mut().directory_mut().add(e),
+                Msg::BackendUp(e, load) => {
+                    w.loads.borrow_mut().insert(e.id, load);
+                    w.router.borrow_mut().directory_mut().add(e);
+                }
                 Msg::BackendDown(id) => {
+                    w.loads.borrow_mut().remove(&id);
                     w.router.borrow_mut().directory_mut().remove(id);
                 }
                 Msg::BackendDraining(id) => w.router.borrow_mut().directory_mut().set_draining(id),
@@ -486,11 +490,12 @@ fn serve_http(worker: &Rc<Worker>, listeners: &Listeners, stop: &StopToken) {
         let w = worker.clone();
         let backends = move || {
             let router = w.router.borrow();
+            let loads = w.loads.borrow();
             router
                 .directory()
                 .entries()
                 .map(|e| {
-                    let (open, pending) = e.load.get();
+                    let (open, pending) = loads.get(&e.id).map_or((0, 0), |l| l.get());
                     BackendInfo {
                         agent_id: e.agent_id.clone(),
                         identifiers: BackendIdentifiers {

@@ -8,11 +8,11 @@ use std::time::Duration;
 use konn_core::io::driver::DriverConfig;
 use konn_core::io::runtime::RuntimeConfig;
 use konn_core::io::tls::ServerTls;
-use konn_core::proto::h2::{self, Keepalive, PingPolicy, Role};
+use konn_protocol::h2::{self, Keepalive, PingPolicy, Role};
 
-use crate::backends::Strategy;
-use crate::router::RouterConfig;
-use konn_core::proto::flow::FlowLimits;
+use konn_protocol::flow::FlowLimits;
+use konn_protocol::server::backends::Strategy;
+use konn_protocol::server::router::RouterConfig;
 
 /// The frontend protocol (`--mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,16 +28,16 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use bytes::{Bytes, BytesMut};
 use konn_core::io::notify::{Broadcast, Notify};
 use konn_core::io::pool::BufPool;
-use konn_core::proto::grpc::Grpc;
 use konn_frames::GrpcStatus;
+use konn_protocol::grpc::Grpc;
 
 use konn_frames::packet::{Packet, PacketType};
 
-use crate::backends::{BackendId, Entry};
 use crate::connect::ConnectFrontend;
 use crate::metrics::{DialFailureReason, Segment, ServerCoreMetrics, ServerMetrics};
-use crate::router::{Action, DialFailure, FrontendId, Payload, Router};
 use crate::settings::ServerSettings;
+use konn_protocol::server::backends::{BackendId, Entry};
+use konn_protocol::server::router::{Action, DialFailure, FrontendId, Payload, Router};
 
 /// Something queued for one gRPC connection.
 #[derive(Debug)]
@@ -191,10 +191,35 @@ pub enum Stop {
     Now,
 }
 
+/// A backend's load, written by the worker that owns it (on dials and
+/// closes, never per packet) and read by any worker (`/debug/backends`).
+#[derive(Debug, Default)]
+pub struct BackendLoad {
+    open: std::sync::atomic::AtomicU64,
+    pending: std::sync::atomic::AtomicU64,
+}
+
+impl BackendLoad {
+    /// (open connections, pending dials).
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.open.load(Ordering::Relaxed),
+            self.pending.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Publish new values.
+    pub fn set(&self, open: usize, pending: usize) {
+        self.open.store(open as u64, Ordering::Relaxed);
+        self.pending.store(pending as u64, Ordering::Relaxed);
+    }
+}
+
 /// Messages between server workers.
 pub enum Msg {
-    /// A backend connected on another worker.
-    BackendUp(Entry),
+    /// A backend connected on another worker (with its load, shared by
+    /// every worker's replica).
+    BackendUp(Entry, Arc<BackendLoad>),
     /// A backend went away on another worker.
     BackendDown(BackendId),
     /// A backend announced DRAIN on another worker.
@@ -215,6 +240,8 @@ pub struct Worker {
     pub frontends: RefCell<HashMap<FrontendId, FrontendRef>>,
     /// This core's backends.
     pub backends: RefCell<HashMap<BackendId, BackendRef>>,
+    /// Every backend's load (all workers'; see [`BackendLoad`]).
+    pub loads: RefCell<HashMap<BackendId, Arc<BackendLoad>>>,
     next_id: Cell<u64>,
     rng: Cell<u64>,
     /// Settings.
@@ -263,6 +290,7 @@ impl Worker {
             router: RefCell::new(router),
             frontends: RefCell::new(HashMap::new()),
             backends: RefCell::new(HashMap::new()),
+            loads: RefCell::new(HashMap::new()),
             next_id: Cell::new(1),
             rng: Cell::new(seed | 1),
             settings,
@@ -539,7 +567,12 @@ impl Worker {
                 .established
                 .fetch_add(delta(now.1, before.1), Ordering::Relaxed);
         }
-        router.publish_loads();
+        let loads = self.loads.borrow();
+        for (id, open, pending) in router.backend_loads() {
+            if let Some(l) = loads.get(&id) {
+                l.set(open, pending);
+            }
+        }
     }
 
     fn connect_frontend(&self, id: FrontendId) -> Option<Rc<ConnectFrontend>> {
@@ -591,9 +624,9 @@ mod tests {
     use konn_frames::packet::{ByteStr, Packet};
 
     use super::*;
-    use crate::backends::{Directory, Identifiers, Strategy};
-    use crate::router::{FrontendKind, RouterConfig};
     use crate::settings::{FrontendListen, Mode};
+    use konn_protocol::server::backends::{Directory, Identifiers, Strategy};
+    use konn_protocol::server::router::{FrontendKind, RouterConfig};
 
     fn framed(p: &Packet) -> Bytes {
         let mut b = BytesMut::new();

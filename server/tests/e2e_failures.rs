@@ -21,7 +21,7 @@ use e2e_common::*;
 use konn_bench::dest::{Destination, Unresponsive};
 use konn_bench::relay::LoadBalancer;
 use konn_core::io::runtime::{Either, Engine, available_engines, block_on};
-use konn_server::backends::Strategy;
+use konn_protocol::server::backends::Strategy;
 use konn_server::settings::Mode;
 
 const MODES: [Mode; 2] = [Mode::Grpc, Mode::HttpConnect];

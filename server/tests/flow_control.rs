@@ -31,15 +31,15 @@ use std::time::{Duration, Instant};
 
 use konn_agent::client::{ConnectParams, run_tunnel};
 use konn_agent::conn::TunnelSettings;
-use konn_agent::tunnel::{STUCK, TunnelConfig};
 use konn_bench::dest::Destination;
 use konn_bench::frontend::{GrpcFrontend, Tunnel};
 use konn_bench::sha256_hex;
 use konn_core::io::driver::DriverConfig;
 use konn_core::io::pool::{BufPool, MemoryBudget, PoolConfig};
 use konn_core::io::runtime::{Engine, IoEngine, available_engines, block_on, join};
-use konn_core::proto::flow::FlowLimits;
-use konn_server::router::FRONTEND_STUCK;
+use konn_protocol::agent::tunnel::{STUCK, TunnelConfig};
+use konn_protocol::flow::FlowLimits;
+use konn_protocol::server::router::FRONTEND_STUCK;
 use konn_server::serve::{ServerHandle, start};
 use konn_server::settings::{FrontendListen, Mode, ServerSettings};
 

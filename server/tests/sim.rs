@@ -15,11 +15,11 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use konn_agent::tunnel::{self, STUCK, Tunnel, TunnelConfig};
-use konn_core::proto::flow::FlowLimits;
 use konn_frames::packet::{ByteStr, Packet};
-use konn_server::backends::{Directory, Identifiers, Strategy as Pick};
-use konn_server::router::{
+use konn_protocol::agent::tunnel::{self, STUCK, Tunnel, TunnelConfig};
+use konn_protocol::flow::FlowLimits;
+use konn_protocol::server::backends::{Directory, Identifiers, Strategy as Pick};
+use konn_protocol::server::router::{
     Action, BACKEND_DIAL_TIMEOUT, BACKEND_GONE, FrontendId, FrontendKind, Payload, Router,
     RouterConfig, RouterStats,
 };

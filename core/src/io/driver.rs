@@ -20,7 +20,7 @@
 //!
 //! **Re-entrancy rule.** `ConnHandle::with` must not be called for a
 //! connection from inside that same connection's handler (the state is
-//! already borrowed); it reports [`Error::H2Usage`] instead of panicking.
+//! already borrowed); it reports [`Error::Usage`] instead of panicking.
 //!
 //! **Deadlines.** Every wait is bounded: the TLS handshake
 //! ([`DriverConfig::handshake_timeout`]), each socket write
@@ -46,8 +46,8 @@ use super::runtime::{Either, race};
 use super::sock::ReadReady;
 use super::tls::{Plaintext, TlsLayer};
 use crate::Error;
-use crate::proto::grpc::Grpc;
-use crate::proto::h2::Connection;
+use konn_protocol::grpc::Grpc;
+use konn_protocol::h2::Connection;
 
 /// How much to read per read call.
 const READ_CHUNK: usize = 64 * 1024;
@@ -110,9 +110,9 @@ pub trait Session {
 }
 
 impl Session for Grpc {
-    type Event = crate::proto::grpc::GrpcEvent;
+    type Event = konn_protocol::grpc::GrpcEvent;
     fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error> {
-        Self::handle_input(self, now, input)
+        Self::handle_input(self, now, input).map_err(Error::from)
     }
     fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
         Self::poll_transmit(self, now, out, max)
@@ -141,9 +141,9 @@ impl Session for Grpc {
 }
 
 impl Session for Connection {
-    type Event = crate::proto::h2::Event;
+    type Event = konn_protocol::h2::Event;
     fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error> {
-        Self::handle_input(self, now, input)
+        Self::handle_input(self, now, input).map_err(Error::from)
     }
     fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
         Self::poll_transmit(self, now, out, max)
@@ -168,7 +168,7 @@ impl Session for Connection {
     }
     fn placeholder() -> Self {
         Self::new(
-            crate::proto::h2::Config::new(crate::proto::h2::Role::Server),
+            konn_protocol::h2::Config::new(konn_protocol::h2::Role::Server),
             super::clock::now(),
         )
     }
@@ -318,7 +318,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
                 self.0.session.try_borrow_mut(),
                 self.0.handler.try_borrow_mut(),
             ) else {
-                return Err(Error::H2Usage(
+                return Err(Error::Usage(
                     "ConnHandle::with called from inside the connection's handler",
                 ));
             };
@@ -361,7 +361,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         let (rd, wr) = io.into_split();
         match self.run_halves(rd, wr).await {
             Ok(None) => Ok(()),
-            Ok(Some(_)) => Err(Error::H2Usage(
+            Ok(Some(_)) => Err(Error::Usage(
                 "detach requested on a connection run with run()",
             )),
             Err(e) => Err(e),
@@ -389,7 +389,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             }) => {
                 let io = rd
                     .reunite(wr)
-                    .map_err(|_| Error::H2Usage("socket halves do not match"))?;
+                    .map_err(|_| Error::Usage("socket halves do not match"))?;
                 Ok(Some(Detached {
                     io,
                     session,
@@ -430,7 +430,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
                 }));
             }
             self.0
-                .finish(Some(Error::H2Usage("detach failed: the writer ended")));
+                .finish(Some(Error::Usage("detach failed: the writer ended")));
             return Err(self
                 .0
                 .error
@@ -780,7 +780,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 .handle_timeout(super::clock::now());
             self.dispatch();
             if let Some(e) = self.session.borrow().h2().error() {
-                self.error.borrow_mut().get_or_insert(e);
+                self.error.borrow_mut().get_or_insert(e.into());
             }
             self.wake_writer.notify();
         }

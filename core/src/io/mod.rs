@@ -19,7 +19,7 @@
 //!   HTTP/2 state machine, and the configuration builders for the Go flags.
 //! - [`driver`]: runs one HTTP/2 or gRPC session (optionally under TLS) on a
 //!   socket with reader, writer and timer tasks; [`notify`] wakes them and
-//!   [`clock`] is where drivers read the time.
+//!   [`clock`] is where drivers read the time and draw seeds.
 //! - [`resolve`]: dial addresses to sockets (DNS on the blocking pool) with
 //!   Go's error wording.
 //!

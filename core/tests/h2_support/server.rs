@@ -34,9 +34,9 @@ use bytes::Bytes;
 use konn_core::io::driver::{ConnHandle, DriverConfig, Handler};
 use konn_core::io::runtime::{Either, Engine, block_on, race};
 use konn_core::io::tls::ServerTls;
-use konn_core::proto::grpc::{Grpc, GrpcEvent};
-use konn_core::proto::h2::{Config, Connection, Event, Headers, Role, Stats};
 use konn_frames::GrpcStatus;
+use konn_protocol::grpc::{Grpc, GrpcEvent};
+use konn_protocol::h2::{Config, Connection, Event, Headers, Role, Stats};
 
 /// The body every bare-HTTP/2 response carries by default.
 pub const DEFAULT_BODY: &[u8] = b"konn h2 test server\n";

@@ -12,10 +12,10 @@ use std::rc::Rc;
 use bytes::{Bytes, BytesMut};
 use konn_core::io::driver::Handler;
 use konn_core::io::notify::Notify;
-use konn_core::proto::grpc::{Grpc, GrpcEvent};
-use konn_core::proto::h2::{Headers, Role};
 use konn_frames::GrpcStatus;
 use konn_frames::packet::Packet;
+use konn_protocol::grpc::{Grpc, GrpcEvent};
+use konn_protocol::h2::{Headers, Role};
 
 use super::seq::{self, Direction, Method};
 

@@ -22,7 +22,7 @@ use konn_bench::frontend::GrpcFrontend;
 use konn_bench::pki::PkiFiles;
 use konn_core::io::runtime::{Engine, IoEngine};
 use konn_core::io::tls::{ClientTls, ClientTlsOptions, PemSource, ServerTls, ServerTlsOptions};
-use konn_server::backends::Strategy;
+use konn_protocol::server::backends::Strategy;
 use konn_server::serve::{ServerHandle, start};
 use konn_server::settings::{FrontendListen, Mode, ServerSettings};
 

@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn bdp_grows_when_samples_fill_the_window() {
-        let t0 = crate::proto::test_epoch();
+        let t0 = crate::test_epoch();
         let mut b = Bdp::new(16 << 20);
         assert!(b.on_data(t0, 50_000));
         assert!(!b.on_data(t0, 10_000));
@@ -286,7 +286,7 @@ mod tests {
 
     #[test]
     fn bdp_respects_limit() {
-        let t0 = crate::proto::test_epoch();
+        let t0 = crate::test_epoch();
         let mut b = Bdp::new(100_000);
         b.on_data(t0, 90_000);
         assert_eq!(

@@ -14,7 +14,7 @@ use super::*;
 use crate::Error;
 
 fn t0() -> Instant {
-    crate::proto::test_epoch()
+    crate::test_epoch()
 }
 
 /// Two connections wired back to back.

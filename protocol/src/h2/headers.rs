@@ -196,7 +196,7 @@ impl Headers {
                     b"protocol" => 4,
                     _ => return Err(Malformed::BadPseudo),
                 };
-                if std::mem::replace(&mut seen[i], true) {
+                if seen.get_mut(i).is_none_or(|s| std::mem::replace(s, true)) {
                     return Err(Malformed::DuplicatePseudo);
                 }
             } else {

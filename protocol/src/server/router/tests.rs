@@ -7,13 +7,11 @@ use bytes::{Bytes, BytesMut};
 use konn_frames::packet::{ByteStr, Packet};
 
 use super::*;
-use crate::backends::{Directory, Identifiers, Strategy};
-use konn_core::proto::flow::FlowLimits;
+use crate::flow::FlowLimits;
+use crate::server::backends::{Directory, Identifiers, Strategy};
 
 fn t0() -> Instant {
-    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    #[allow(clippy::disallowed_methods)] // the simulated clock's origin
-    *T0.get_or_init(Instant::now)
+    crate::test_epoch()
 }
 
 fn framed(p: &Packet) -> Bytes {

@@ -20,7 +20,7 @@
 //! - per-connection flow control (docs/design/tunnel.md, "Flow control"):
 //!   each frontend's queue towards it (a gRPC frontend's stream send queue,
 //!   a CONNECT socket's write queue) is accounted with a
-//!   [`FlowRx`](konn_core::proto::flow::FlowRx). The agent tunnel's credit
+//!   [`FlowRx`](crate::flow::FlowRx). The agent tunnel's credit
 //!   for DATA to a frontend goes back at once below the flow's limit and is
 //!   withheld above it until the frontend drains ([`Action::ReleaseBackend`]);
 //!   with an agent that negotiated konn's extension the router sends PAUSE
@@ -38,11 +38,11 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use crate::flow::{FlowLimits, FlowRx, Signal, Step};
 use bytes::Bytes;
-use konn_core::proto::flow::{FlowLimits, FlowRx, Signal, Step};
 use konn_frames::packet::{ByteStr, Packet, PacketType};
 
-use crate::backends::{BackendId, Directory, Entry, Identifiers};
+use crate::server::backends::{BackendId, Directory, Entry, Identifiers};
 
 /// Identity of one frontend: unique per server process.
 pub type FrontendId = u64;
@@ -358,14 +358,12 @@ impl Router {
             .is_some_and(|f| f.backend.is_some() || f.done)
     }
 
-    /// Publish every local backend's load to its directory entry (call after
-    /// control events; the values are read by `/debug/backends`).
-    pub fn publish_loads(&self) {
-        for (id, b) in &self.backends {
-            if let Some(e) = self.directory.get(*id) {
-                e.load.set(b.established.len(), b.pending.len());
-            }
-        }
+    /// Every local backend with its (open connections, pending dials), for
+    /// the IO layer to publish (`/debug/backends`).
+    pub fn backend_loads(&self) -> impl Iterator<Item = (BackendId, usize, usize)> + '_ {
+        self.backends
+            .iter()
+            .map(|(id, b)| (*id, b.established.len(), b.pending.len()))
     }
 
     /// Connections open and dials pending on one backend (for
@@ -393,7 +391,6 @@ impl Router {
             identifiers,
             core,
             draining: false,
-            load: std::sync::Arc::default(),
         });
     }
 
@@ -466,9 +463,10 @@ impl Router {
         framed: Bytes,
         credit: usize,
     ) -> usize {
-        if !self.backends.contains_key(&id) {
+        let Some(b) = self.backends.get(&id) else {
             return credit;
-        }
+        };
+        let flow_control = b.flow_control;
         match packet {
             Packet::DialRsp {
                 error,
@@ -476,10 +474,9 @@ impl Router {
                 random,
             } => self.on_dial_rsp(now, id, random, connect_id, &error, framed),
             Packet::DialCls { random } => {
-                if self.pending.get(&random).is_none_or(|p| p.backend != id) {
+                let Some(p) = self.take_pending(random, |p| p.backend == id) else {
                     return credit;
-                }
-                let p = self.pending.remove(&random).expect("checked");
+                };
                 self.unlink_pending(&p, random);
                 self.actions
                     .push_back(Action::DialFailed(DialFailure::BackendClose));
@@ -498,11 +495,11 @@ impl Router {
                 if connect_id == 0 {
                     return credit;
                 }
-                let Some(&fid) = self.backends[&id].established.get(&connect_id) else {
+                let Some(fid) = self.established(id, connect_id) else {
                     self.close_req(id, connect_id);
                     return credit;
                 };
-                let may_pause = self.backends[&id].flow_control;
+                let may_pause = flow_control;
                 let lim = self.cfg.flow;
                 let Some(f) = self.frontends.get_mut(&fid) else {
                     self.close_req(id, connect_id);
@@ -534,8 +531,8 @@ impl Router {
                 self.actions.push_back(action);
                 return now_credit + self.flow_step(fid, step, true);
             }
-            Packet::Pause { connect_id } if self.backends[&id].flow_control => {
-                if let Some(&fid) = self.backends[&id].established.get(&connect_id)
+            Packet::Pause { connect_id } if flow_control => {
+                if let Some(fid) = self.established(id, connect_id)
                     && let Some(f) = self.frontends.get_mut(&fid)
                     && !f.paused
                 {
@@ -544,8 +541,8 @@ impl Router {
                         .push_back(Action::PauseFrontend { frontend: fid });
                 }
             }
-            Packet::Resume { connect_id } if self.backends[&id].flow_control => {
-                if let Some(&fid) = self.backends[&id].established.get(&connect_id)
+            Packet::Resume { connect_id } if flow_control => {
+                if let Some(fid) = self.established(id, connect_id)
                     && let Some(f) = self.frontends.get_mut(&fid)
                     && f.paused
                 {
@@ -711,15 +708,14 @@ impl Router {
         framed: Bytes,
     ) {
         // Only the backend the dial went to may answer it.
-        if self.pending.get(&random).is_none_or(|p| p.backend != id) {
+        let Some(p) = self.take_pending(random, |p| p.backend == id) else {
             self.actions
                 .push_back(Action::DialFailed(DialFailure::UnrecognizedResponse));
             if connect_id != 0 {
                 self.close_req(id, connect_id);
             }
             return;
-        }
-        let p = self.pending.remove(&random).expect("checked");
+        };
         self.unlink_pending(&p, random);
         let fid = p.frontend;
         let Some(kind) = self.frontends.get(&fid).map(|f| f.kind) else {
@@ -758,11 +754,10 @@ impl Router {
             );
             return;
         }
-        self.backends
-            .get_mut(&id)
-            .expect("checked")
-            .established
-            .insert(connect_id, fid);
+        let Some(b) = self.backends.get_mut(&id) else {
+            return;
+        };
+        b.established.insert(connect_id, fid);
         if let Some(f) = self.frontends.get_mut(&fid) {
             f.established.push((id, connect_id));
             f.rx_backend.get_or_insert(id);
@@ -821,7 +816,9 @@ impl Router {
                 if connect_id == 0 {
                     return;
                 }
-                let f = self.frontends.get_mut(&id).expect("checked");
+                let Some(f) = self.frontends.get_mut(&id) else {
+                    return;
+                };
                 if f.first_conn_id == 0 {
                     f.first_conn_id = connect_id;
                 } else if f.first_conn_id != connect_id {
@@ -863,10 +860,9 @@ impl Router {
                 self.mark_done(id);
             }
             Packet::DialCls { random } => {
-                if self.pending.get(&random).is_none_or(|p| p.frontend != id) {
+                let Some(p) = self.take_pending(random, |p| p.frontend == id) else {
                     return;
-                }
-                let p = self.pending.remove(&random).expect("checked");
+                };
                 self.unlink_pending(&p, random);
                 self.actions
                     .push_back(Action::DialFailed(DialFailure::FrontendClose));
@@ -1045,7 +1041,9 @@ impl Router {
         random: u64,
         framed: Option<Bytes>,
     ) {
-        let kind = self.frontends[&id].kind;
+        let Some(kind) = self.frontends.get(&id).map(|f| f.kind) else {
+            return;
+        };
         let Some(entry) = self.directory.pick(address, random, self.cfg.core) else {
             self.actions
                 .push_back(Action::DialFailed(DialFailure::NoAgent));
@@ -1065,7 +1063,10 @@ impl Router {
             return;
         };
         let backend = entry.id;
-        let over = self.frontends[&id].pending.len() >= self.cfg.max_pending_per_frontend
+        let over = self
+            .frontends
+            .get(&id)
+            .is_some_and(|f| f.pending.len() >= self.cfg.max_pending_per_frontend)
             || self
                 .backends
                 .get(&backend)
@@ -1087,14 +1088,13 @@ impl Router {
             self.fail_dial(id, dial, why, DialFail::Error);
             return;
         }
-        let f = self.frontends.get_mut(&id).expect("checked");
+        let (Some(f), Some(b)) = (self.frontends.get_mut(&id), self.backends.get_mut(&backend))
+        else {
+            return;
+        };
         f.backend = Some(backend);
         f.pending.push(dial);
-        self.backends
-            .get_mut(&backend)
-            .expect("checked")
-            .pending
-            .insert(dial);
+        b.pending.insert(dial);
         self.pending.insert(
             dial,
             Pending {
@@ -1141,6 +1141,24 @@ impl Router {
                 self.forget_frontend(fid);
             }
         }
+    }
+
+    /// Remove the pending dial `random` if `owned` says it belongs to the
+    /// caller (the backend that answers it, the frontend that cancels it).
+    fn take_pending(&mut self, random: i64, owned: impl Fn(&Pending) -> bool) -> Option<Pending> {
+        if self.pending.get(&random).is_some_and(owned) {
+            self.pending.remove(&random)
+        } else {
+            None
+        }
+    }
+
+    /// The frontend of connection `connect_id` on backend `id`.
+    fn established(&self, id: BackendId, connect_id: i64) -> Option<FrontendId> {
+        self.backends
+            .get(&id)
+            .and_then(|b| b.established.get(&connect_id))
+            .copied()
     }
 
     fn unlink_pending(&mut self, p: &Pending, random: i64) {

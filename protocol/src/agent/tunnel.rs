@@ -22,7 +22,7 @@
 //! - an endpoint whose queue drains nothing for the stuck timeout is closed
 //!   with [`STUCK`] ([`Tunnel::handle_timeout`]) and its credit returned.
 //!
-//! The per-endpoint accounting is [`konn_core::proto::flow::FlowRx`]
+//! The per-endpoint accounting is [`crate::flow::FlowRx`]
 //! (docs/design/tunnel.md, "Flow control"). The IO layer performs the
 //! [`Action`]s: dialling with a timeout, writing payloads to endpoints,
 //! reading endpoints into DATA packets (it encodes those itself on the hot
@@ -31,8 +31,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use crate::flow::{FlowLimits, FlowRx, Signal, Step};
 use bytes::Bytes;
-use konn_core::proto::flow::{FlowLimits, FlowRx, Signal, Step};
 use konn_frames::packet::{ByteStr, Packet};
 
 /// Upstream's answer to DATA for an unknown connectID.
@@ -505,9 +505,7 @@ mod tests {
     use super::*;
 
     fn t0() -> Instant {
-        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        #[allow(clippy::disallowed_methods)] // the simulated clock's origin
-        *T0.get_or_init(Instant::now)
+        crate::test_epoch()
     }
 
     fn actions(t: &mut Tunnel) -> Vec<Action> {

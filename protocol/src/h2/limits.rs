@@ -100,7 +100,7 @@ mod tests {
 
     #[test]
     fn bucket_allows_burst_then_refills() {
-        let t0 = crate::proto::test_epoch();
+        let t0 = crate::test_epoch();
         let mut b = TokenBucket::new((3, 10));
         assert!(b.take(t0) && b.take(t0) && b.take(t0));
         assert!(!b.take(t0), "burst exhausted");

@@ -18,8 +18,6 @@
 //! entries name the core that owns the backend's tunnel.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Identity of one backend (one agent tunnel): unique per server process.
 pub type BackendId = u64;
@@ -108,8 +106,8 @@ fn unescape(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
-    while i < b.len() {
-        match b[i] {
+    while let Some(&c) = b.get(i) {
+        match c {
             b'%' => {
                 let hi = (*b.get(i + 1)? as char).to_digit(16)?;
                 let lo = (*b.get(i + 2)? as char).to_digit(16)?;
@@ -145,32 +143,6 @@ pub fn dest_host(address: &str) -> &str {
     }
 }
 
-/// A backend's load, written by the core that owns it (on dials and
-/// closes, never per packet) and read by any core (`/debug/backends`).
-#[derive(Debug, Default)]
-pub struct BackendLoad {
-    /// Established connections.
-    pub open: AtomicU64,
-    /// Dials in flight.
-    pub pending: AtomicU64,
-}
-
-impl BackendLoad {
-    /// (open, pending).
-    pub fn get(&self) -> (u64, u64) {
-        (
-            self.open.load(Ordering::Relaxed),
-            self.pending.load(Ordering::Relaxed),
-        )
-    }
-
-    /// Publish new values.
-    pub fn set(&self, open: usize, pending: usize) {
-        self.open.store(open as u64, Ordering::Relaxed);
-        self.pending.store(pending as u64, Ordering::Relaxed);
-    }
-}
-
 /// One backend as every core sees it.
 #[derive(Clone, Debug)]
 pub struct Entry {
@@ -184,8 +156,6 @@ pub struct Entry {
     pub core: usize,
     /// The agent announced DRAIN.
     pub draining: bool,
-    /// Its load (shared by every replica).
-    pub load: Arc<BackendLoad>,
 }
 
 /// Keys of one strategy → backends in connection order.
@@ -350,7 +320,9 @@ impl Directory {
         let start = (random % n as u64) as usize;
         let (mut remote, mut draining) = (None, None);
         for i in 0..n {
-            let key = &st.keys[(start + i) % n];
+            let Some(key) = st.keys.get((start + i) % n) else {
+                continue;
+            };
             let id = *st.by_key.get(key)?.first()?;
             let Some(e) = self.entries.get(&id) else {
                 continue;
@@ -389,7 +361,6 @@ mod tests {
             identifiers: Identifiers::parse(ids).unwrap(),
             core: 0,
             draining: false,
-            load: Arc::default(),
         }
     }
 

@@ -320,7 +320,7 @@ impl Connection {
             return Err(e.to_error());
         }
         if self.cfg.role != Role::Client {
-            return Err(Error::H2Usage("only a client opens streams"));
+            return Err(Error::Usage("only a client opens streams"));
         }
         if self.next_local_id > MAX_STREAM_ID {
             return Err(Error::StreamIdsExhausted);
@@ -974,8 +974,7 @@ impl Connection {
             return;
         }
         block.buf.extend_from_slice(fragment);
-        if end_headers {
-            let b = self.block.take().expect("checked above");
+        if end_headers && let Some(b) = self.block.take() {
             self.on_block(now, b.id, b.end_stream, &b.buf, b.reset);
         }
     }
@@ -1393,7 +1392,7 @@ impl Connection {
                     let last = n == data.len();
                     let end = last && *end_stream;
                     wire::encode_data_head(id, n as u32, end, out);
-                    out.put_slice(&data[..n]);
+                    out.put_slice(data.get(..n).unwrap_or_default());
                     data.advance(n);
                     s.send.spend(n);
                     s.queued -= n;

@@ -246,7 +246,7 @@ impl FlowRx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::test_epoch;
+    use crate::test_epoch;
 
     fn lim() -> FlowLimits {
         FlowLimits {

@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 use konn_frames::GrpcStatus;
 
 use super::*;
-use crate::proto::h2::{Config, Connection, Event, Headers, Role};
+use crate::h2::{Config, Connection, Event, Headers, Role};
 
 struct Pair {
     client: Grpc,
@@ -21,7 +21,7 @@ struct Pair {
 
 impl Pair {
     fn with(client: Config, server: Config, max_message: u32) -> Self {
-        let now = crate::proto::test_epoch();
+        let now = crate::test_epoch();
         Self {
             client: Grpc::new(Connection::new(client, now), max_message),
             server: Grpc::new(Connection::new(server, now), max_message),
@@ -228,7 +228,7 @@ fn unreleased_messages_hold_back_the_sender() {
     let mut s = Config::new(Role::Server);
     s.stream_window = 65_535;
     s.conn_window = 1 << 20;
-    let now = crate::proto::test_epoch();
+    let now = crate::test_epoch();
     let mut client = Grpc::new(Connection::new(Config::new(Role::Client), now), 4 << 20);
     let mut server = Grpc::new(Connection::new(s, now), 4 << 20);
     let id = client
@@ -273,7 +273,7 @@ fn messages_split_over_frames_owe_all_their_credit() {
     let mut s = Config::new(Role::Server);
     s.stream_window = 1 << 20;
     s.conn_window = 4 << 20;
-    let now = crate::proto::test_epoch();
+    let now = crate::test_epoch();
     let mut client = Grpc::new(Connection::new(Config::new(Role::Client), now), 4 << 20);
     let mut server = Grpc::new(Connection::new(s, now), 4 << 20);
     let id = client
@@ -366,7 +366,7 @@ fn connection_loss_finishes_every_call_unavailable() {
 
 #[test]
 fn non_grpc_request_gets_http_415() {
-    let now = crate::proto::test_epoch();
+    let now = crate::test_epoch();
     let mut client = Connection::new(Config::new(Role::Client), now);
     let mut server = Grpc::new(Connection::new(Config::new(Role::Server), now), 1024);
     let mut h = Headers::request(
