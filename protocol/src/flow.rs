@@ -169,7 +169,13 @@ impl FlowRx {
         }
         let mut step = Step::default();
         if self.withheld > 0 && self.queued < lim.limit {
-            let r = self.withheld.min(lim.limit - self.queued);
+            // An empty queue withholds nothing, even after one payload
+            // larger than the limit.
+            let r = if self.queued == 0 {
+                self.withheld
+            } else {
+                self.withheld.min(lim.limit - self.queued)
+            };
             self.withheld -= r;
             step.release = r;
         }
@@ -275,6 +281,18 @@ mod tests {
         assert!(l.high + (3 << 20) <= l.limit);
         let tiny = FlowLimits::from_queue_size(1, Duration::ZERO);
         assert!(tiny.low > 0 && tiny.low < tiny.high);
+    }
+
+    #[test]
+    fn an_empty_queue_withholds_nothing_even_after_a_payload_over_the_limit() {
+        let (l, mut f) = (lim(), FlowRx::new());
+        let s = f.push(1500, 1520, &l, false, at(0));
+        assert_eq!(s.release, 0, "over the limit: withheld");
+        let s = f.drain(1000, &l, at(1));
+        assert_eq!(s.release, 500, "up to the limit while 500 remain queued");
+        let s = f.drain(500, &l, at(2));
+        assert_eq!(s.release, 1020, "empty: the rest");
+        assert_eq!(f.withheld(), 0);
     }
 
     #[test]

@@ -21,6 +21,10 @@
 //! credit and PAUSE/RESUME; a client that takes nothing for the stuck
 //! timeout is aborted by the router's timer. The socket is not read while
 //! the tunnel is congested or the agent paused this connection (PAUSE).
+//! A connection whose tunnel is on another worker (one that could not move
+//! there) counts the bytes it sent until that worker answers that its
+//! tunnel took them (`Msg::FrontendCredit` / `ReleaseFrontend`), and is not
+//! read while that count is at the tunnel's high-water mark.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -155,6 +159,9 @@ pub struct ConnectFrontend {
     paused: Cell<bool>,
     /// Aborted: stop a write in progress.
     killed: Notify,
+    /// Bytes sent through a tunnel of another worker that it has not
+    /// acknowledged yet.
+    unacked: Cell<usize>,
 }
 
 impl ConnectFrontend {
@@ -168,7 +175,14 @@ impl ConnectFrontend {
             wake: Notify::new(),
             paused: Cell::new(false),
             killed: Notify::new(),
+            unacked: Cell::new(0),
         }
+    }
+
+    /// The tunnel's worker took `n` more of the bytes this connection sent.
+    pub fn credit_back(&self, n: usize) {
+        self.unacked.set(self.unacked.get().saturating_sub(n));
+        self.wake.notify();
     }
 
     /// PAUSE (`true`) or RESUME (`false`) from the agent.
@@ -510,7 +524,7 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
     while !wire.plain.is_empty() {
         let n = wire.plain.len().min(MAX_DATA_PAYLOAD);
         let chunk = wire.plain.split_to(n);
-        send_data(worker, fid, connect_id, &chunk, None);
+        send_data(worker, cf, (fid, backend, connect_id), &chunk, None);
     }
     // The last read filled its buffer (see `ReadReady` on `relaxed`).
     let mut full = false;
@@ -541,6 +555,10 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
         // Client → agent, paused while the tunnel is congested or the
         // agent paused this connection.
         if cf.paused.get() {
+            cf.wake.notified().await;
+            continue;
+        }
+        if cf.unacked.get() >= worker.settings.tunnel_high_water {
             cf.wake.notified().await;
             continue;
         }
@@ -581,7 +599,7 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
                 None => continue,
                 Some(Ok(n)) if n > 0 => {
                     full = n == MAX_DATA_PAYLOAD;
-                    send_data(worker, fid, connect_id, &[], Some((buf, n)));
+                    send_data(worker, cf, (fid, backend, connect_id), &[], Some((buf, n)));
                 }
                 Some(_) => return, // client EOF or error: CLOSE_REQ via frontend_gone
             }
@@ -592,7 +610,7 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
                     while !wire.plain.is_empty() {
                         let n = wire.plain.len().min(MAX_DATA_PAYLOAD);
                         let chunk = wire.plain.split_to(n);
-                        send_data(worker, fid, connect_id, &chunk, None);
+                        send_data(worker, cf, (fid, backend, connect_id), &chunk, None);
                     }
                     if !more || wire.eof {
                         return;
@@ -606,11 +624,12 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
 
 /// Frame client bytes as a DATA packet and hand them to the router: either
 /// a copy of `data`, or a pooled buffer holding `n` bytes after HEADROOM
-/// (built in place, no copy).
+/// (built in place, no copy). Bytes for a tunnel of another worker are
+/// counted until it acknowledges them.
 fn send_data(
     worker: &Worker,
-    fid: FrontendId,
-    connect_id: i64,
+    cf: &ConnectFrontend,
+    (fid, backend, connect_id): (FrontendId, BackendId, i64),
     data: &[u8],
     pooled: Option<(BytesMut, usize)>,
 ) {
@@ -628,8 +647,12 @@ fn send_data(
             b.freeze()
         }
     };
+    let len = framed.len();
     if worker.router.borrow_mut().connect_data(fid, framed) {
         worker.forwarding.set(packet::PacketType::Data);
         worker.apply();
+        if worker.credit_via_tunnel(fid, backend, len) {
+            cf.unacked.set(cf.unacked.get() + len);
+        }
     }
 }

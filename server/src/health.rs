@@ -25,13 +25,14 @@
 //!
 //! ```json
 //! {"agents":[{"id":"node-1","identifiers":{"host":["node-1"],"ipv4":["10.0.0.1"],
-//! "ipv6":[],"cidr":[],"defaultRoute":false},"draining":false,
+//! "ipv6":[],"cidr":[],"defaultRoute":false},"draining":false,"worker":0,
 //! "connections":{"open":3,"pending":1}}]}
 //! ```
 //!
 //! `open` counts established end-to-end connections through that agent,
 //! `pending` dials sent to it and not answered yet; `draining` is true once
-//! the agent sent DRAIN.
+//! the agent sent DRAIN; `worker` is the server worker (core) that holds
+//! the agent's tunnel.
 
 use std::rc::Rc;
 
@@ -71,6 +72,8 @@ pub struct BackendInfo {
     pub connections_open: u64,
     /// Dials sent to this agent and not answered yet.
     pub connections_pending: u64,
+    /// The worker holding the agent's tunnel.
+    pub worker: usize,
 }
 
 /// The identifiers an agent advertises (`agentidentifiers`: `host`,
@@ -180,8 +183,8 @@ pub fn backends_json(mut agents: Vec<BackendInfo>) -> Vec<u8> {
         out.push_str("},\"draining\":");
         out.push_str(if agent.draining { "true" } else { "false" });
         out.push_str(&format!(
-            ",\"connections\":{{\"open\":{},\"pending\":{}}}}}",
-            agent.connections_open, agent.connections_pending
+            ",\"worker\":{},\"connections\":{{\"open\":{},\"pending\":{}}}}}",
+            agent.worker, agent.connections_open, agent.connections_pending
         ));
     }
     out.push_str("]}\n");
@@ -226,15 +229,16 @@ mod tests {
                 draining: true,
                 connections_open: 3,
                 connections_pending: 1,
+                worker: 1,
             },
         ];
         assert_eq!(
             String::from_utf8(backends_json(agents)).unwrap(),
             "{\"agents\":[{\"id\":\"a\",\"identifiers\":{\"host\":[\"h1\",\"h2\"],\"ipv4\":[],\
-             \"ipv6\":[],\"cidr\":[],\"defaultRoute\":true},\"draining\":true,\
+             \"ipv6\":[],\"cidr\":[],\"defaultRoute\":true},\"draining\":true,\"worker\":1,\
              \"connections\":{\"open\":3,\"pending\":1}},\
              {\"id\":\"b\\\"\\\\\\n\\u0001\",\"identifiers\":{\"host\":[],\"ipv4\":[],\"ipv6\":[],\
-             \"cidr\":[],\"defaultRoute\":false},\"draining\":false,\
+             \"cidr\":[],\"defaultRoute\":false},\"draining\":false,\"worker\":0,\
              \"connections\":{\"open\":0,\"pending\":0}}]}\n"
         );
         assert_eq!(backends_json(Vec::new()), b"{\"agents\":[]}\n");

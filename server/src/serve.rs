@@ -12,7 +12,12 @@
 //!
 //! Each worker keeps a replica of the backend directory; a worker that
 //! gains, loses or drains a backend tells the others through the mesh
-//! (connection-level events, never per packet).
+//! (connection-level events, never per packet). Everything a worker sends
+//! another goes through its `Outbound` (ordered; a full inbox queues, never
+//! drops). A frontend that cannot move — several streams on one
+//! connection, one that moved already, a socket that cannot be duplicated —
+//! stays where it is and its flows are relayed through the mesh
+//! (docs/design/cross-core.md).
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -309,18 +314,22 @@ async fn worker_main(
         seed,
         core_metrics,
         metrics.clone(),
+        ctx.mesh().clone(),
     ));
-    let mesh = ctx.mesh().clone();
     let workers = ctx.workers();
+    let w = Rc::downgrade(&worker);
     let announce: Rc<dyn Fn(Msg)> = Rc::new(move |msg: Msg| {
+        let Some(w) = w.upgrade() else { return };
         for to in (0..workers).filter(|w| *w != index) {
             let copy = match &msg {
                 Msg::BackendUp(e, l) => Msg::BackendUp(e.clone(), l.clone()),
                 Msg::BackendDown(b) => Msg::BackendDown(*b),
                 Msg::BackendDraining(b) => Msg::BackendDraining(*b),
-                Msg::Adopt(_) | Msg::Shutdown => return,
+                _ => return,
             };
-            let _ = mesh.send(to, copy);
+            if w.out.send(to, copy).is_err() {
+                tracing::debug!(worker = to, "stopped worker not told of a backend change");
+            }
         }
     });
     // Listeners stop on a graceful shutdown; the worker itself on stop.
@@ -328,6 +337,10 @@ async fn worker_main(
     let worker_stop = ctx.stop_token().clone();
     serve_http(&worker, &listeners, &stop);
     worker.spawn(router_timer(worker.clone()));
+    {
+        let (w, s) = (worker.clone(), worker_stop.clone());
+        worker.spawn(async move { w.out.run(&s).await });
+    }
 
     // Agent port.
     if let Some(l) = listeners
@@ -346,13 +359,12 @@ async fn worker_main(
     }
 
     // Frontend.
-    let mesh = ctx.mesh().clone();
+    let w = Rc::downgrade(&worker);
     let migrate: Rc<dyn Fn(usize, Migrant)> = Rc::new(move |to, m| {
-        if mesh.send(to, Msg::Adopt(Box::new(m))).is_err() {
-            tracing::warn!(
-                worker = to,
-                "could not hand a frontend to its worker; dropping it"
-            );
+        let Some(w) = w.upgrade() else { return };
+        if w.out.send(to, Msg::Adopt(Box::new(m))).is_err() {
+            // Only while stopping: that worker's connections close too.
+            tracing::debug!(worker = to, "frontend not handed to a stopped worker");
         }
     });
     if let Some(tcp) = &listeners.frontend_tcp
@@ -385,19 +397,11 @@ async fn worker_main(
         let m = migrate.clone();
         inbox
             .serve(&worker_stop, 64, move |msg| match msg {
-                Msg::BackendUp(e, load) => {
-                    w.loads.borrow_mut().insert(e.id, load);
-                    w.router.borrow_mut().directory_mut().add(e);
-                }
-                Msg::BackendDown(id) => {
-                    w.loads.borrow_mut().remove(&id);
-                    w.router.borrow_mut().directory_mut().remove(id);
-                }
-                Msg::BackendDraining(id) => w.router.borrow_mut().directory_mut().set_draining(id),
                 Msg::Adopt(m2) => {
                     w.spawn(adopt(w.clone(), *m2, m.clone()));
                 }
                 Msg::Shutdown => stop_connections(&w, Stop::Graceful),
+                other => w.on_message(other),
             })
             .await;
     } else {
@@ -508,6 +512,7 @@ fn serve_http(worker: &Rc<Worker>, listeners: &Listeners, stop: &StopToken) {
                         draining: e.draining,
                         connections_open: open,
                         connections_pending: pending,
+                        worker: e.core,
                     }
                 })
                 .collect()
@@ -624,18 +629,20 @@ async fn serve_frontend(worker: Rc<Worker>, sock: FrontSock, migrate: Rc<dyn Fn(
 
 /// Sockets a frontend can move with.
 trait Movable: Split + AsyncReadRent + AsyncWriteRent + ReadReady + Sized + 'static {
-    fn detach(self) -> Result<MovingFd, Error>;
+    /// Detach for a move; on failure the socket comes back, to be served
+    /// where it is.
+    fn detach(self) -> Result<MovingFd, (Self, Error)>;
 }
 
 impl Movable for TcpStream {
-    fn detach(self) -> Result<MovingFd, Error> {
-        detach_tcp(self).map(MovingFd::Tcp).map_err(|(_, e)| e)
+    fn detach(self) -> Result<MovingFd, (Self, Error)> {
+        detach_tcp(self).map(MovingFd::Tcp)
     }
 }
 
 impl Movable for UnixStream {
-    fn detach(self) -> Result<MovingFd, Error> {
-        detach_unix(self).map(MovingFd::Unix).map_err(|(_, e)| e)
+    fn detach(self) -> Result<MovingFd, (Self, Error)> {
+        detach_unix(self).map(MovingFd::Unix)
     }
 }
 
@@ -704,7 +711,19 @@ fn run_grpc_frontend<IO: Movable>(
                             },
                         },
                     ),
-                    Err(e) => tracing::warn!(error = %e, "could not move a frontend connection"),
+                    Err((io, e)) => {
+                        // Served here after all; its flows are relayed.
+                        tracing::debug!(error = %e, "frontend connection cannot move; serving it here");
+                        let here = run_grpc_frontend(
+                            worker.clone(),
+                            io,
+                            detached.session,
+                            detached.tls,
+                            Some((detached.input, plan)),
+                            migrate,
+                        );
+                        Box::pin(here).await;
+                    }
                 }
             }
             Ok(None) => {}
@@ -737,8 +756,8 @@ async fn connect_frontend(worker: Rc<Worker>, mut wire: Wire, migrate: Rc<dyn Fn
         Some(to) if to != worker.index => {
             let (sock, tls, plain) = wire.into_parts();
             let fd = match sock {
-                Sock::Tcp(t) => t.detach(),
-                Sock::Unix(u) => u.detach(),
+                Sock::Tcp(t) => t.detach().map_err(|(t, e)| (Sock::Tcp(t), e)),
+                Sock::Unix(u) => u.detach().map_err(|(u, e)| (Sock::Unix(u), e)),
             };
             match fd {
                 Ok(fd) => migrate(
@@ -748,7 +767,11 @@ async fn connect_frontend(worker: Rc<Worker>, mut wire: Wire, migrate: Rc<dyn Fn
                         kind: MigrantKind::Connect { tls, plain, target },
                     },
                 ),
-                Err(e) => tracing::warn!(error = %e, "could not move a CONNECT connection"),
+                Err((sock, e)) => {
+                    // Served here after all; its flow is relayed.
+                    tracing::debug!(error = %e, "CONNECT connection cannot move; serving it here");
+                    serve_connect(worker, Wire::new(sock, tls, plain), target).await;
+                }
             }
         }
         _ => serve_connect(worker, wire, target).await,

@@ -17,6 +17,13 @@
 //! backend's list and is returned when the tunnel drains). The other way,
 //! the router decides when the tunnel's credit for a frontend's data goes
 //! back ([`Action::ReleaseBackend`]).
+//!
+//! Flows across cores (docs/design/cross-core.md): the router's
+//! [`Action::Relay`]s travel to the other worker as [`Msg::Relay`] through
+//! the worker's [`Outbound`] (ordered, never dropped), and a relayed
+//! frontend's credit makes the round trip through the tunnel's worker
+//! ([`Msg::FrontendCredit`] → [`Msg::ReleaseFrontend`]), which holds it
+//! while its tunnel is congested — the same rule as for a local frontend.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -27,7 +34,9 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use konn_core::io::notify::{Broadcast, Notify};
+use konn_core::io::outbound::Outbound;
 use konn_core::io::pool::BufPool;
+use konn_core::io::xcore::MeshSender;
 use konn_frames::GrpcStatus;
 use konn_protocol::grpc::Grpc;
 
@@ -37,7 +46,7 @@ use crate::connect::ConnectFrontend;
 use crate::metrics::{DialFailureReason, Segment, ServerCoreMetrics, ServerMetrics};
 use crate::settings::ServerSettings;
 use konn_protocol::server::backends::{BackendId, Entry};
-use konn_protocol::server::router::{Action, DialFailure, FrontendId, Payload, Router};
+use konn_protocol::server::router::{Action, DialFailure, FrontendId, Payload, Relay, Router};
 
 /// Something queued for one gRPC connection.
 #[derive(Debug)]
@@ -119,10 +128,26 @@ pub struct BackendRef {
     /// Bytes queued towards the agent (last seen): the tunnel is congested
     /// above the high-water mark.
     pub queued: Cell<usize>,
-    /// Frontend credit held back while congested: (outbox, stream, bytes).
-    pub waiting: RefCell<Vec<(Rc<Outbox>, u32, usize)>>,
+    /// Frontend credit held back while congested.
+    pub waiting: RefCell<Vec<Waiting>>,
     /// Woken when the tunnel drains (CONNECT readers pause on it).
     pub drained: Rc<Broadcast>,
+}
+
+/// Frontend credit a congested tunnel holds back.
+pub enum Waiting {
+    /// A frontend stream of this core: (its outbox, stream, bytes).
+    Local(Rc<Outbox>, u32, usize),
+    /// A frontend of another core, whose flow is relayed through this
+    /// tunnel: answered with [`Msg::ReleaseFrontend`].
+    Remote {
+        /// Its core.
+        core: usize,
+        /// The frontend.
+        frontend: FrontendId,
+        /// Bytes of credit.
+        credit: usize,
+    },
 }
 
 /// How to reach a frontend of this core.
@@ -226,6 +251,36 @@ pub enum Msg {
     BackendDraining(BackendId),
     /// A frontend moving to this worker (see `crate::serve`).
     Adopt(Box<crate::serve::Migrant>),
+    /// A relayed flow's packet or credit from worker `from`'s router (see
+    /// [`Relay`]).
+    Relay {
+        /// The sending worker.
+        from: usize,
+        /// What its router sent.
+        relay: Relay,
+    },
+    /// Credit of a frontend of worker `from` that sent through `backend`, a
+    /// tunnel of this worker: answer with [`Msg::ReleaseFrontend`] once the
+    /// tunnel is not congested.
+    FrontendCredit {
+        /// The frontend's worker.
+        from: usize,
+        /// The tunnel.
+        backend: BackendId,
+        /// The frontend.
+        frontend: FrontendId,
+        /// Bytes: HTTP/2 credit of a gRPC frontend, bytes sent by a CONNECT
+        /// one.
+        credit: usize,
+    },
+    /// The answer to [`Msg::FrontendCredit`]: the frontend may send this
+    /// much more.
+    ReleaseFrontend {
+        /// The frontend (of this worker).
+        frontend: FrontendId,
+        /// Bytes of credit.
+        credit: usize,
+    },
     /// Start a graceful shutdown: GOAWAY on every connection.
     Shutdown,
 }
@@ -270,6 +325,8 @@ pub struct Worker {
     /// This core's (pending dials, established connections) as last added
     /// to the process-wide counters in [`Shared`].
     published: Cell<(usize, usize)>,
+    /// The other workers, reliably and in order.
+    pub out: Outbound<Msg>,
 }
 
 impl Worker {
@@ -284,6 +341,7 @@ impl Worker {
         seed: u64,
         metrics: ServerCoreMetrics,
         all_metrics: ServerMetrics,
+        mesh: MeshSender<Msg>,
     ) -> Self {
         Self {
             index,
@@ -304,6 +362,7 @@ impl Worker {
             all_metrics,
             forwarding: Cell::new(PacketType::Data),
             published: Cell::new((0, 0)),
+            out: Outbound::new(mesh),
         }
     }
 
@@ -367,28 +426,53 @@ impl Worker {
                 router.frontend_backend(fid),
             )
         };
-        if flow > 0 && !self.hold_if_congested(backend, outbox, stream, flow) {
+        if flow > 0 && !self.hold_if_congested(fid, backend, outbox, stream, flow) {
             grpc.release(stream, flow);
         }
     }
 
-    /// Keep a frontend's credit in its backend's list while that tunnel is
-    /// congested; returns whether it was kept.
+    /// Keep a frontend's credit while its tunnel is congested: in the
+    /// backend's list for a tunnel of this worker, or by sending it to the
+    /// tunnel's worker, which answers when it may go back. Returns whether
+    /// it was kept.
     fn hold_if_congested(
         &self,
+        fid: FrontendId,
         backend: Option<BackendId>,
         outbox: &Rc<Outbox>,
         stream: u32,
         flow: usize,
     ) -> bool {
-        if let Some(b) = backend
-            && let Some(be) = self.backends.borrow().get(&b)
-            && be.queued.get() >= self.settings.tunnel_high_water
-        {
-            be.waiting.borrow_mut().push((outbox.clone(), stream, flow));
+        let Some(b) = backend else {
+            return false;
+        };
+        if let Some(be) = self.backends.borrow().get(&b) {
+            if be.queued.get() < self.settings.tunnel_high_water {
+                return false;
+            }
+            be.waiting
+                .borrow_mut()
+                .push(Waiting::Local(outbox.clone(), stream, flow));
             return true;
         }
-        false
+        self.credit_via_tunnel(fid, b, flow)
+    }
+
+    /// A relayed frontend's credit goes to its tunnel's worker
+    /// ([`Msg::FrontendCredit`]); false when `backend` is not relayed.
+    pub fn credit_via_tunnel(&self, fid: FrontendId, backend: BackendId, credit: usize) -> bool {
+        let Some(core) = self.router.borrow().remote_core(backend) else {
+            return false;
+        };
+        let msg = Msg::FrontendCredit {
+            from: self.index,
+            backend,
+            frontend: fid,
+            credit,
+        };
+        // A stopped worker takes the tunnel with it; the flow ends anyway.
+        let _ = self.out.send(core, msg);
+        true
     }
 
     /// A backend's tunnel drained: give back held credit, wake readers.
@@ -401,8 +485,119 @@ impl Worker {
             b.drained.notify_all();
             std::mem::take(&mut *b.waiting.borrow_mut())
         };
-        for (outbox, stream, flow) in waiting {
-            outbox.push(Out::Release(stream, flow));
+        for w in waiting {
+            match w {
+                Waiting::Local(outbox, stream, flow) => outbox.push(Out::Release(stream, flow)),
+                Waiting::Remote {
+                    core,
+                    frontend,
+                    credit,
+                } => {
+                    let _ = self
+                        .out
+                        .send(core, Msg::ReleaseFrontend { frontend, credit });
+                }
+            }
+        }
+    }
+
+    /// Handle a message from another worker (everything but the messages
+    /// `crate::serve` handles itself: frontends moving, shutdown).
+    pub fn on_message(&self, msg: Msg) {
+        match msg {
+            Msg::BackendUp(e, load) => {
+                self.loads.borrow_mut().insert(e.id, load);
+                self.router.borrow_mut().directory_mut().add(e);
+            }
+            Msg::BackendDown(id) => {
+                self.loads.borrow_mut().remove(&id);
+                // Flows of this worker's frontends through it end too.
+                self.router.borrow_mut().backend_gone(id);
+                self.apply();
+                self.publish();
+            }
+            Msg::BackendDraining(id) => self.router.borrow_mut().directory_mut().set_draining(id),
+            Msg::Relay { from, relay } => self.on_relay(from, relay),
+            Msg::FrontendCredit {
+                from,
+                backend,
+                frontend,
+                credit,
+            } => {
+                let held = self.backends.borrow().get(&backend).is_some_and(|b| {
+                    let congested = b.queued.get() >= self.settings.tunnel_high_water;
+                    if congested {
+                        b.waiting.borrow_mut().push(Waiting::Remote {
+                            core: from,
+                            frontend,
+                            credit,
+                        });
+                    }
+                    congested
+                });
+                if !held {
+                    let _ = self
+                        .out
+                        .send(from, Msg::ReleaseFrontend { frontend, credit });
+                }
+            }
+            Msg::ReleaseFrontend { frontend, credit } => {
+                let f = self.frontends.borrow();
+                match f.get(&frontend) {
+                    Some(FrontendRef::Grpc { outbox, stream }) => {
+                        outbox.push(Out::Release(*stream, credit))
+                    }
+                    Some(FrontendRef::Connect(cf)) => cf.credit_back(credit),
+                    None => {}
+                }
+            }
+            Msg::Adopt(_) | Msg::Shutdown => {}
+        }
+    }
+
+    fn on_relay(&self, from: usize, relay: Relay) {
+        let now = konn_core::io::clock::now();
+        match relay {
+            Relay::ToBackend { backend, payload } => {
+                let Some((packet, framed)) = decoded(payload) else {
+                    return;
+                };
+                self.forwarding.set(packet.ty());
+                self.router
+                    .borrow_mut()
+                    .relayed_packet(from, backend, packet, framed);
+                self.apply();
+            }
+            Relay::Release { backend, credit } => {
+                let target = self
+                    .backends
+                    .borrow()
+                    .get(&backend)
+                    .map(|b| (b.outbox.clone(), b.stream));
+                if let Some((outbox, stream)) = target {
+                    outbox.push(Out::Release(stream, credit));
+                }
+            }
+            Relay::FromBackend {
+                backend,
+                payload,
+                credit,
+            } => {
+                let Some((packet, framed)) = decoded(payload) else {
+                    return;
+                };
+                let ty = packet.ty();
+                self.forwarding.set(ty);
+                // A relayed backend's credit goes back as a Relay action.
+                let _ = self
+                    .router
+                    .borrow_mut()
+                    .backend_packet(now, backend, packet, framed, credit);
+                self.apply();
+                if ty != PacketType::Data {
+                    self.publish();
+                }
+            }
         }
     }
 
@@ -522,9 +717,18 @@ impl Worker {
                         && credit > 0
                     {
                         let backend = self.router.borrow().frontend_backend(frontend);
-                        if !self.hold_if_congested(backend, &outbox, stream, credit) {
+                        if !self.hold_if_congested(frontend, backend, &outbox, stream, credit) {
                             outbox.push(Out::Release(stream, credit));
                         }
+                    }
+                }
+                Action::Relay { core, relay } => {
+                    let msg = Msg::Relay {
+                        from: self.index,
+                        relay,
+                    };
+                    if self.out.send(core, msg).is_err() {
+                        tracing::debug!(worker = core, "relay to a stopped worker dropped");
                     }
                 }
                 Action::DialFailed(why) => {
@@ -596,6 +800,23 @@ fn failure_reason(f: DialFailure) -> DialFailureReason {
     }
 }
 
+/// A relayed payload as (packet, wire bytes), for the router.
+fn decoded(payload: Payload) -> Option<(Packet, Bytes)> {
+    match payload {
+        Payload::Forward(framed) => {
+            if framed.len() < 5 {
+                return None;
+            }
+            let packet = Packet::decode(&framed.slice(5..)).ok()?;
+            Some((packet, framed))
+        }
+        Payload::Packet(p) => {
+            let framed = encode(Payload::Packet(p.clone()));
+            Some((p, framed))
+        }
+    }
+}
+
 /// The wire bytes of a payload (control packets are encoded here; forwarded
 /// ones already are).
 pub fn encode(payload: Payload) -> Bytes {
@@ -650,6 +871,7 @@ mod tests {
             1,
             metrics.core(index).expect("slab"),
             metrics.clone(),
+            konn_core::io::xcore::Mesh::new(2, 16).sender(),
         )
     }
 

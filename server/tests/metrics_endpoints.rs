@@ -89,6 +89,7 @@ fn backends() -> Vec<BackendInfo> {
         draining: false,
         connections_open: 3,
         connections_pending: 1,
+        worker: 0,
     }]
 }
 
@@ -109,7 +110,7 @@ fn admin_port_answers() {
         String::from_utf8(debug.body).unwrap(),
         "{\"agents\":[{\"id\":\"node-1\",\"identifiers\":{\"host\":[\"node-1\"],\
          \"ipv4\":[\"10.0.0.1\"],\"ipv6\":[],\"cidr\":[],\"defaultRoute\":false},\
-         \"draining\":false,\"connections\":{\"open\":3,\"pending\":1}}]}\n"
+         \"draining\":false,\"worker\":0,\"connections\":{\"open\":3,\"pending\":1}}]}\n"
     );
     // Profiling off: not there, as upstream.
     assert_eq!(get(&router, &request("/debug/pprof/")).status, 404);

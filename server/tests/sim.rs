@@ -596,6 +596,7 @@ impl Sim {
             Action::ConnectEstablished { .. }
             | Action::ConnectData { .. }
             | Action::ConnectFailed { .. } => panic!("CONNECT action for a gRPC frontend: {a:?}"),
+            Action::Relay { .. } => panic!("one core: nothing is relayed: {a:?}"),
             Action::DialFailed(_) | Action::DialSucceeded(_) => {}
         }
     }

@@ -12,7 +12,8 @@
 //! - [`pool`]: per-core pools of fixed-size buffers (one HTTP/2 frame each)
 //!   under a global memory budget that pushes back on readers.
 //! - [`xcore`]: the cross-core mesh (bounded lock-free inboxes, one wake-up
-//!   per batch) and socket migration between workers.
+//!   per batch) and socket migration between workers; [`outbound`]: the
+//!   reliable, ordered sender on top of it (a full inbox queues, never drops).
 //! - [`listen`]: `SO_REUSEPORT` TCP listeners per worker, the Unix-socket
 //!   listener, and an accept loop that survives `EMFILE` and friends.
 //! - [`tls`]: the TLS layer (rustls) that drivers put between a socket and the
@@ -30,6 +31,7 @@ pub mod clock;
 pub mod driver;
 pub mod listen;
 pub mod notify;
+pub mod outbound;
 pub mod pool;
 pub mod resolve;
 pub mod runtime;

@@ -156,6 +156,8 @@ pub struct Entry {
     pub core: usize,
     /// The agent announced DRAIN.
     pub draining: bool,
+    /// The agent negotiated konn's flow-control extension (PAUSE/RESUME).
+    pub flow_control: bool,
 }
 
 /// Keys of one strategy → backends in connection order.
@@ -266,6 +268,13 @@ impl Directory {
         }
     }
 
+    /// Record whether a backend negotiated konn's flow-control extension.
+    pub fn set_flow_control(&mut self, id: BackendId, on: bool) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.flow_control = on;
+        }
+    }
+
     /// A backend by id.
     pub fn get(&self, id: BackendId) -> Option<&Entry> {
         self.entries.get(&id)
@@ -361,6 +370,7 @@ mod tests {
             identifiers: Identifiers::parse(ids).unwrap(),
             core: 0,
             draining: false,
+            flow_control: false,
         }
     }
 

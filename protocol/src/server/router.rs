@@ -34,6 +34,22 @@
 //! message bytes ([`Payload::Forward`]); the router only decodes them to
 //! route. Packets it makes up are [`Payload::Packet`]s for the IO layer to
 //! encode.
+//!
+//! **Flows across cores** (docs/design/cross-core.md). A flow lives on its
+//! frontend's core. When a dial picks an agent whose tunnel is on another
+//! core (a frontend that could not move there: several streams on one
+//! HTTP/2 connection, a connection that already moved, a failed
+//! migration), this router keeps a *proxy* of that backend (its
+//! established and pending tables, as for a local one) and addresses it
+//! through the mesh: [`Action::Relay`] with [`Relay::ToBackend`] /
+//! [`Relay::Release`]. The tunnel's own core records which core each
+//! relayed dial and connection belongs to ([`Router::relayed_packet`]) and
+//! sends the agent's packets for them back ([`Relay::FromBackend`], with
+//! the tunnel credit they came with); the frontend's core feeds them to
+//! [`Router::backend_packet`] like its own agents' packets, so flow control,
+//! deadlines and cleanup are the same code. A proxy lives until the backend
+//! goes ([`Router::backend_gone`], on the tunnel core's announcement): credit
+//! its flows withheld may still have to go back after they closed.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -54,6 +70,10 @@ pub const NO_AGENT: &str = "No agent available";
 pub const BACKEND_DIAL_TIMEOUT: &str = "timed out waiting for backend dial";
 /// The error text of a dial whose agent disconnected before answering.
 pub const BACKEND_GONE: &str = "backend connection closed before the dial completed";
+/// The error of a dial whose id is already used by a pending dial.
+pub const DIAL_ID_IN_USE: &str = "dial request id (random) already in use by a pending dial";
+/// The error of a dial over the pending-dial limits.
+pub const TOO_MANY_PENDING: &str = "too many pending dials";
 /// The CLOSE_RSP error a gRPC frontend gets when it stopped reading.
 pub const FRONTEND_STUCK: &str = "konn: frontend stopped reading; connection closed";
 
@@ -188,10 +208,50 @@ pub enum Action {
         /// Held frontend credit to return (0 for CONNECT).
         credit: usize,
     },
+    /// Send something to another core (through the mesh; see the module
+    /// docs, "Flows across cores").
+    Relay {
+        /// The core.
+        core: usize,
+        /// What to send.
+        relay: Relay,
+    },
     /// A dial failed (metrics).
     DialFailed(DialFailure),
     /// A dial succeeded after this long (metrics: `dial_duration_seconds`).
     DialSucceeded(Duration),
+}
+
+/// What one core's router sends another's (see [`Action::Relay`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Relay {
+    /// Frontend core → tunnel core: a packet for the agent; feed it to
+    /// [`Router::relayed_packet`] there.
+    ToBackend {
+        /// The backend (a tunnel of the receiving core).
+        backend: BackendId,
+        /// The packet.
+        payload: Payload,
+    },
+    /// Frontend core → tunnel core: tunnel credit that may go back to the
+    /// agent now.
+    Release {
+        /// The backend.
+        backend: BackendId,
+        /// Bytes of credit.
+        credit: usize,
+    },
+    /// Tunnel core → frontend core: an agent's packet for a relayed flow;
+    /// feed it to [`Router::backend_packet`] there, with `credit`.
+    FromBackend {
+        /// The backend it came from.
+        backend: BackendId,
+        /// The packet.
+        payload: Payload,
+        /// The tunnel credit it came with (returned with
+        /// [`Relay::Release`] when the frontend's core decides).
+        credit: usize,
+    },
 }
 
 /// Router settings.
@@ -276,12 +336,20 @@ impl Frontend {
 
 #[derive(Debug, Default)]
 struct Backend {
-    /// Established connections: connectID → frontend.
+    /// Established connections of this core's frontends: connectID →
+    /// frontend.
     established: HashMap<i64, FrontendId>,
-    /// Pending dials sent to this backend.
+    /// Pending dials of this core's frontends sent to this backend.
     pending: BTreeSet<i64>,
     /// The agent negotiated konn's flow-control extension.
     flow_control: bool,
+    /// `Some(core)`: a proxy of a tunnel on that core (module docs).
+    remote: Option<usize>,
+    /// A local tunnel's dials from other cores' frontends: random → core.
+    relay_pending: HashMap<i64, usize>,
+    /// A local tunnel's connections of other cores' frontends: connectID
+    /// → core (until CLOSE_RSP or the tunnel ends).
+    relay_established: HashMap<i64, usize>,
 }
 
 /// Counters the metrics layer reads (per core).
@@ -295,6 +363,12 @@ pub struct RouterStats {
     pub frontends: usize,
     /// Local backends.
     pub backends: usize,
+    /// Proxies of other cores' backends (flows of this core's frontends
+    /// through tunnels of other cores).
+    pub remote_backends: usize,
+    /// Dials and connections of other cores' frontends through this core's
+    /// tunnels.
+    pub relayed: usize,
 }
 
 /// The per-core router. See the module docs.
@@ -338,11 +412,16 @@ impl Router {
 
     /// Counters for metrics and leak checks.
     pub fn stats(&self) -> RouterStats {
+        let local = self.backends.values().filter(|b| b.remote.is_none());
         RouterStats {
             pending_dials: self.pending.len(),
             established: self.backends.values().map(|b| b.established.len()).sum(),
             frontends: self.frontends.len(),
-            backends: self.backends.len(),
+            backends: local.clone().count(),
+            remote_backends: self.backends.len() - local.clone().count(),
+            relayed: local
+                .map(|b| b.relay_pending.len() + b.relay_established.len())
+                .sum(),
         }
     }
 
@@ -363,7 +442,14 @@ impl Router {
     pub fn backend_loads(&self) -> impl Iterator<Item = (BackendId, usize, usize)> + '_ {
         self.backends
             .iter()
-            .map(|(id, b)| (*id, b.established.len(), b.pending.len()))
+            .filter(|(_, b)| b.remote.is_none())
+            .map(|(id, b)| {
+                (
+                    *id,
+                    b.established.len() + b.relay_established.len(),
+                    b.pending.len() + b.relay_pending.len(),
+                )
+            })
     }
 
     /// Connections open and dials pending on one backend (for
@@ -391,6 +477,7 @@ impl Router {
             identifiers,
             core,
             draining: false,
+            flow_control: false,
         });
     }
 
@@ -401,10 +488,19 @@ impl Router {
         if let Some(b) = self.backends.get_mut(&id) {
             b.flow_control = on;
         }
+        self.directory.set_flow_control(id, on);
     }
 
-    /// The agent tunnel is gone: its connections close and its pending
-    /// dials fail now.
+    /// The core whose tunnel backend `id` is, when it is not this one's
+    /// (the IO layer routes frontend credit there).
+    pub fn remote_core(&self, id: BackendId) -> Option<usize> {
+        self.backends.get(&id).and_then(|b| b.remote)
+    }
+
+    /// The agent tunnel is gone (on this core, or — announced by its core —
+    /// on another one this core has flows through): its connections close
+    /// and its pending dials fail now. Relayed flows of other cores end
+    /// there, on the same announcement.
     pub fn backend_gone(&mut self, id: BackendId) {
         self.directory.remove(id);
         let Some(b) = self.backends.remove(&id) else {
@@ -454,8 +550,121 @@ impl Router {
     /// came with `credit` bytes of the tunnel stream's HTTP/2 credit.
     /// Returns the credit to return now; the rest follows as
     /// [`Action::ReleaseBackend`].
+    ///
+    /// For a backend of another core (a [`Relay::FromBackend`]), credit
+    /// that goes back is sent there as [`Relay::Release`] and 0 returned.
     #[must_use]
     pub fn backend_packet(
+        &mut self,
+        now: Instant,
+        id: BackendId,
+        packet: Packet,
+        framed: Bytes,
+        credit: usize,
+    ) -> usize {
+        let Some(b) = self.backends.get_mut(&id) else {
+            return credit;
+        };
+        if let Some(core) = relay_target(b, &packet) {
+            // A flow of another core's frontend: its router decides.
+            self.actions.push_back(Action::Relay {
+                core,
+                relay: Relay::FromBackend {
+                    backend: id,
+                    payload: Payload::Forward(framed),
+                    credit,
+                },
+            });
+            return 0;
+        }
+        let remote = b.remote;
+        let now_credit = self.local_backend_packet(now, id, packet, framed, credit);
+        match remote {
+            Some(core) if now_credit > 0 => {
+                self.actions.push_back(Action::Relay {
+                    core,
+                    relay: Relay::Release {
+                        backend: id,
+                        credit: now_credit,
+                    },
+                });
+                0
+            }
+            _ => now_credit,
+        }
+    }
+
+    /// A packet from a frontend of core `from` for this core's tunnel
+    /// `backend` ([`Relay::ToBackend`]): remembered for routing the agent's
+    /// answers back, and forwarded. A dial that cannot be accepted here is
+    /// answered at once with an error DIAL_RSP. Packets for a tunnel that
+    /// is gone are dropped: core `from` learns of its end from the same
+    /// announcement that ends its proxy.
+    pub fn relayed_packet(
+        &mut self,
+        from: usize,
+        backend: BackendId,
+        packet: Packet,
+        framed: Bytes,
+    ) {
+        let max = self.cfg.max_pending_per_backend;
+        let in_use = self.pending.contains_key(&match packet {
+            Packet::DialReq { random, .. } => random,
+            _ => 0,
+        });
+        let Some(b) = self
+            .backends
+            .get_mut(&backend)
+            .filter(|b| b.remote.is_none())
+        else {
+            return;
+        };
+        match packet {
+            Packet::DialReq { random, .. } => {
+                let refuse = if in_use || b.relay_pending.contains_key(&random) {
+                    Some(DIAL_ID_IN_USE)
+                } else if b.pending.len() + b.relay_pending.len() >= max {
+                    Some(TOO_MANY_PENDING)
+                } else {
+                    None
+                };
+                if let Some(why) = refuse {
+                    self.actions.push_back(Action::Relay {
+                        core: from,
+                        relay: Relay::FromBackend {
+                            backend,
+                            payload: Payload::Packet(Packet::DialRsp {
+                                error: ByteStr::from_static(why),
+                                connect_id: 0,
+                                random,
+                            }),
+                            credit: 0,
+                        },
+                    });
+                    return;
+                }
+                b.relay_pending.insert(random, from);
+            }
+            Packet::DialCls { random } => {
+                if b.relay_pending.get(&random) == Some(&from) {
+                    b.relay_pending.remove(&random);
+                }
+            }
+            Packet::Data { connect_id, .. }
+            | Packet::CloseReq { connect_id }
+            | Packet::Pause { connect_id }
+            | Packet::Resume { connect_id } => {
+                // Only connections of that core's frontends.
+                if b.relay_established.get(&connect_id) != Some(&from) {
+                    return;
+                }
+            }
+            Packet::DialRsp { .. } | Packet::CloseRsp { .. } | Packet::Drain => return,
+        }
+        self.send_backend(backend, Payload::Forward(framed));
+    }
+
+    fn local_backend_packet(
         &mut self,
         now: Instant,
         id: BackendId,
@@ -617,20 +826,14 @@ impl Router {
                     Signal::Pause => Packet::Pause { connect_id },
                     Signal::Resume => Packet::Resume { connect_id },
                 };
-                self.actions.push_back(Action::ToBackend {
-                    backend: b,
-                    payload: Payload::Packet(packet),
-                });
+                self.send_backend(b, Payload::Packet(packet));
             }
         }
         if direct || step.release == 0 {
             return step.release;
         }
         if let Some(backend) = backend {
-            self.actions.push_back(Action::ReleaseBackend {
-                backend,
-                credit: step.release,
-            });
+            self.release_backend(backend, step.release);
         }
         0
     }
@@ -691,10 +894,7 @@ impl Router {
             && let Some(backend) = f.rx_backend
             && self.backends.contains_key(&backend)
         {
-            self.actions.push_back(Action::ReleaseBackend {
-                backend,
-                credit: withheld,
-            });
+            self.release_backend(backend, withheld);
         }
     }
 
@@ -834,10 +1034,7 @@ impl Router {
                 }
                 // konn: only connections this frontend established.
                 match f.established.iter().find(|(_, c)| *c == connect_id) {
-                    Some(&(b, _)) => self.actions.push_back(Action::ToBackend {
-                        backend: b,
-                        payload: Payload::Forward(framed),
-                    }),
+                    Some(&(b, _)) => self.send_backend(b, Payload::Forward(framed)),
                     None => self.send_close_rsp(id, connect_id, "unrecognized connectID"),
                 }
             }
@@ -851,10 +1048,7 @@ impl Router {
                     .iter()
                     .find(|(_, c)| *c == connect_id)
                     .map_or(backend, |&(b, _)| b);
-                self.actions.push_back(Action::ToBackend {
-                    backend: target,
-                    payload: Payload::Forward(framed),
-                });
+                self.send_backend(target, Payload::Forward(framed));
                 // Upstream stops serving the stream after CLOSE_REQ; the
                 // agent's CLOSE_RSP still reaches it.
                 self.mark_done(id);
@@ -867,10 +1061,7 @@ impl Router {
                 self.actions
                     .push_back(Action::DialFailed(DialFailure::FrontendClose));
                 // konn: tell the agent, which stops dialling.
-                self.actions.push_back(Action::ToBackend {
-                    backend: p.backend,
-                    payload: Payload::Forward(framed),
-                });
+                self.send_backend(p.backend, Payload::Forward(framed));
             }
             // Not for a server; upstream ignores them.
             Packet::DialRsp { .. }
@@ -901,10 +1092,7 @@ impl Router {
         else {
             return false;
         };
-        self.actions.push_back(Action::ToBackend {
-            backend,
-            payload: Payload::Forward(framed),
-        });
+        self.send_backend(backend, Payload::Forward(framed));
         true
     }
 
@@ -925,10 +1113,7 @@ impl Router {
             }
             self.actions
                 .push_back(Action::DialFailed(DialFailure::FrontendClose));
-            self.actions.push_back(Action::ToBackend {
-                backend: p.backend,
-                payload: Payload::Packet(Packet::DialCls { random }),
-            });
+            self.send_backend(p.backend, Payload::Packet(Packet::DialCls { random }));
         }
         for (backend, connect_id) in f.established {
             if let Some(b) = self.backends.get_mut(&backend) {
@@ -1011,10 +1196,7 @@ impl Router {
             self.actions
                 .push_back(Action::DialFailed(DialFailure::BackendDialTimeout));
             // Tell the agent to stop dialling (konn's agent honours it).
-            self.actions.push_back(Action::ToBackend {
-                backend: p.backend,
-                payload: Payload::Packet(Packet::DialCls { random }),
-            });
+            self.send_backend(p.backend, Payload::Packet(Packet::DialCls { random }));
             self.fail_dial(p.frontend, random, BACKEND_DIAL_TIMEOUT, DialFail::Timeout);
         }
         let lim = self.cfg.flow;
@@ -1063,25 +1245,35 @@ impl Router {
             return;
         };
         let backend = entry.id;
+        if entry.core != self.cfg.core && !self.backends.contains_key(&backend) {
+            // A tunnel of another core: flows through it are relayed.
+            self.backends.insert(
+                backend,
+                Backend {
+                    remote: Some(entry.core),
+                    flow_control: entry.flow_control,
+                    ..Backend::default()
+                },
+            );
+        }
+        let Some(b) = self.backends.get(&backend) else {
+            // Only a directory out of step with this core's tunnels.
+            self.actions
+                .push_back(Action::DialFailed(DialFailure::NoAgent));
+            self.fail_dial(id, dial, NO_AGENT, DialFail::Error);
+            return;
+        };
         let over = self
             .frontends
             .get(&id)
             .is_some_and(|f| f.pending.len() >= self.cfg.max_pending_per_frontend)
-            || self
-                .backends
-                .get(&backend)
-                .is_some_and(|b| b.pending.len() >= self.cfg.max_pending_per_backend);
-        let reused = self.pending.contains_key(&dial);
-        if over || reused || !self.backends.contains_key(&backend) {
-            // Too many dials in flight, a reused dial id, or a backend of
-            // another core (the IO layer migrates before dialling, so this
-            // only happens in a race with its removal).
+            || b.pending.len() + b.relay_pending.len() >= self.cfg.max_pending_per_backend;
+        let reused = self.pending.contains_key(&dial) || b.relay_pending.contains_key(&dial);
+        if over || reused {
             let why = if reused {
-                "dial request id (random) already in use by a pending dial"
-            } else if over {
-                "too many pending dials"
+                DIAL_ID_IN_USE
             } else {
-                NO_AGENT
+                TOO_MANY_PENDING
             };
             self.actions
                 .push_back(Action::DialFailed(DialFailure::NoAgent));
@@ -1112,8 +1304,7 @@ impl Router {
                 random: dial,
             }),
         };
-        self.actions
-            .push_back(Action::ToBackend { backend, payload });
+        self.send_backend(backend, payload);
     }
 
     /// End a dial with an error towards its frontend.
@@ -1191,11 +1382,33 @@ impl Router {
         });
     }
 
+    /// Send a packet to a backend: its tunnel here, or through the mesh to
+    /// the core of a proxy's tunnel.
+    fn send_backend(&mut self, backend: BackendId, payload: Payload) {
+        let action = match self.remote_core(backend) {
+            Some(core) => Action::Relay {
+                core,
+                relay: Relay::ToBackend { backend, payload },
+            },
+            None => Action::ToBackend { backend, payload },
+        };
+        self.actions.push_back(action);
+    }
+
+    /// Return tunnel credit to a backend (here, or through the mesh).
+    fn release_backend(&mut self, backend: BackendId, credit: usize) {
+        let action = match self.remote_core(backend) {
+            Some(core) => Action::Relay {
+                core,
+                relay: Relay::Release { backend, credit },
+            },
+            None => Action::ReleaseBackend { backend, credit },
+        };
+        self.actions.push_back(action);
+    }
+
     fn close_req(&mut self, backend: BackendId, connect_id: i64) {
-        self.actions.push_back(Action::ToBackend {
-            backend,
-            payload: Payload::Packet(Packet::CloseReq { connect_id }),
-        });
+        self.send_backend(backend, Payload::Packet(Packet::CloseReq { connect_id }));
     }
 
     fn mark_done(&mut self, fid: FrontendId) {
@@ -1226,13 +1439,38 @@ impl Router {
                     if let Some(b) = self.backends.get_mut(&p.backend) {
                         b.pending.remove(&random);
                     }
-                    self.actions.push_back(Action::ToBackend {
-                        backend: p.backend,
-                        payload: Payload::Packet(Packet::DialCls { random }),
-                    });
+                    self.send_backend(p.backend, Payload::Packet(Packet::DialCls { random }));
                 }
             }
         }
+    }
+}
+
+/// The core of another core's frontend an agent's packet belongs to, if it
+/// is one of `b`'s relayed dials or connections; updates the relay tables
+/// (a dial's answer establishes or ends it, CLOSE_RSP ends a connection).
+fn relay_target(b: &mut Backend, packet: &Packet) -> Option<usize> {
+    if b.relay_pending.is_empty() && b.relay_established.is_empty() {
+        return None;
+    }
+    match packet {
+        Packet::DialRsp {
+            random,
+            connect_id,
+            error,
+        } => {
+            let core = b.relay_pending.remove(random)?;
+            if error.is_empty() && *connect_id != 0 {
+                b.relay_established.insert(*connect_id, core);
+            }
+            Some(core)
+        }
+        Packet::DialCls { random } => b.relay_pending.remove(random),
+        Packet::CloseRsp { connect_id, .. } => b.relay_established.remove(connect_id),
+        Packet::Data { connect_id, .. }
+        | Packet::Pause { connect_id }
+        | Packet::Resume { connect_id } => b.relay_established.get(connect_id).copied(),
+        Packet::DialReq { .. } | Packet::CloseReq { .. } | Packet::Drain => None,
     }
 }
 

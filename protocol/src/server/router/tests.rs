@@ -972,3 +972,254 @@ fn every_other_agent_packet_returns_its_credit() {
         assert_eq!(r.backend_packet(at(0), 1, p, f, 21), 21);
     }
 }
+
+// ----- flows across cores ---------------------------------------------------
+
+/// Two cores' routers and the mesh between them: backend 7 is a tunnel of
+/// core 1, frontend 1 lives on core 0. `pump` delivers every relay and
+/// keeps each core's other actions, in order.
+struct TwoCores {
+    r: [Router; 2],
+    out: [Vec<Action>; 2],
+}
+
+impl TwoCores {
+    fn new() -> Self {
+        let core = |c| {
+            Router::new(
+                RouterConfig {
+                    core: c,
+                    ..RouterConfig::default()
+                },
+                Directory::new(vec![Strategy::Default]),
+            )
+        };
+        let mut r = [core(0), core(1)];
+        r[1].backend_connected(7, "agent-7".into(), Identifiers::default(), 1);
+        let entry = r[1].directory().get(7).unwrap().clone();
+        r[0].directory_mut().add(entry);
+        r[0].frontend_opened(1, FrontendKind::Grpc);
+        Self {
+            r,
+            out: [Vec::new(), Vec::new()],
+        }
+    }
+
+    fn pump(&mut self, now: Instant) {
+        loop {
+            let mut relays = Vec::new();
+            for i in 0..2 {
+                while let Some(a) = self.r[i].poll_action() {
+                    match a {
+                        Action::Relay { core, relay } => relays.push((i, core, relay)),
+                        other => self.out[i].push(other),
+                    }
+                }
+            }
+            if relays.is_empty() {
+                return;
+            }
+            for (from, to, relay) in relays {
+                match relay {
+                    Relay::ToBackend { backend, payload } => {
+                        let p = decode(&payload);
+                        self.r[to].relayed_packet(from, backend, p, framed(&decode(&payload)));
+                    }
+                    Relay::Release { backend, credit } => {
+                        self.out[to].push(Action::ReleaseBackend { backend, credit })
+                    }
+                    Relay::FromBackend {
+                        backend,
+                        payload,
+                        credit,
+                    } => {
+                        let p = decode(&payload);
+                        let f = framed(&p);
+                        let back = self.r[to].backend_packet(now, backend, p, f, credit);
+                        assert_eq!(back, 0, "a relayed backend's credit goes back as a relay");
+                    }
+                }
+            }
+        }
+    }
+
+    /// An agent packet arriving on core 1's tunnel with `credit`.
+    fn agent(&mut self, now: Instant, p: Packet, credit: usize) -> usize {
+        let f = framed(&p);
+        let back = self.r[1].backend_packet(now, 7, p, f, credit);
+        self.pump(now);
+        back
+    }
+
+    fn take(&mut self, core: usize) -> Vec<Action> {
+        std::mem::take(&mut self.out[core])
+    }
+}
+
+fn released(acts: &[Action]) -> usize {
+    acts.iter()
+        .map(|a| match a {
+            Action::ReleaseBackend { credit, .. } => *credit,
+            _ => 0,
+        })
+        .sum()
+}
+
+#[test]
+fn a_flow_through_another_cores_tunnel_is_relayed_both_ways() {
+    let mut m = TwoCores::new();
+    let now = t0();
+    from_frontend(&mut m.r[0], now, 1, dial_req(5));
+    m.pump(now);
+    assert_eq!(to_backend_packets(&m.take(1)), vec![(7, dial_req(5))]);
+    assert_eq!(
+        m.r[0].stats().pending_dials,
+        1,
+        "the dial is the frontend core's"
+    );
+    assert_eq!(m.r[1].stats().relayed, 1);
+
+    // The answer reaches the frontend; its credit goes back to the tunnel.
+    assert_eq!(m.agent(now, dial_rsp(5, 3, ""), 40), 0);
+    assert_eq!(
+        to_frontend_packets(&m.take(0)),
+        vec![(1, dial_rsp(5, 3, ""))]
+    );
+    assert_eq!(released(&m.take(1)), 40);
+
+    // Data both ways.
+    from_frontend(&mut m.r[0], now, 1, data(3, b"up"));
+    m.pump(now);
+    assert_eq!(to_backend_packets(&m.take(1)), vec![(7, data(3, b"up"))]);
+    m.agent(now, data(3, b"down"), 30);
+    assert_eq!(to_frontend_packets(&m.take(0)), vec![(1, data(3, b"down"))]);
+    assert_eq!(released(&m.take(1)), 30, "below the flow's limit: at once");
+
+    // The agent closes; every table is back to its baseline.
+    m.agent(
+        now,
+        Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 3,
+        },
+        0,
+    );
+    assert_eq!(
+        to_frontend_packets(&m.take(0)),
+        vec![(
+            1,
+            Packet::CloseRsp {
+                error: ByteStr::new(),
+                connect_id: 3
+            }
+        )]
+    );
+    m.r[0].frontend_gone(1);
+    m.pump(now);
+    assert_eq!(m.r[0].stats().established, 0);
+    assert_eq!(m.r[0].stats().pending_dials, 0);
+    assert_eq!(m.r[1].stats().relayed, 0);
+    assert_eq!(
+        m.r[0].stats().remote_backends,
+        1,
+        "the proxy lives with the tunnel"
+    );
+    m.r[1].backend_gone(7);
+    m.r[0].backend_gone(7); // the tunnel core's announcement
+    m.pump(now);
+    assert_eq!(m.r[0].stats().remote_backends, 0);
+}
+
+#[test]
+fn a_relayed_flow_withholds_tunnel_credit_until_its_frontend_drains() {
+    let mut m = TwoCores::new();
+    let now = t0();
+    from_frontend(&mut m.r[0], now, 1, dial_req(5));
+    m.pump(now);
+    m.agent(now, dial_rsp(5, 3, ""), 0);
+    m.take(0);
+    m.take(1);
+    let limit = FlowLimits::default().limit;
+    let big = Packet::Data {
+        connect_id: 3,
+        error: ByteStr::new(),
+        data: Bytes::from(vec![0u8; limit + 1]),
+    };
+    let len = framed(&big).len();
+    m.agent(now, big, len);
+    assert_eq!(released(&m.take(1)), 0, "over the limit: withheld");
+    m.r[0].frontend_level(now, 1, 0);
+    m.pump(now);
+    assert_eq!(
+        released(&m.take(1)),
+        len,
+        "drained: back to the tunnel's core"
+    );
+}
+
+#[test]
+fn a_relayed_dial_ends_when_the_tunnel_goes() {
+    let mut m = TwoCores::new();
+    let now = t0();
+    from_frontend(&mut m.r[0], now, 1, dial_req(5));
+    m.pump(now);
+    m.take(1);
+    m.r[1].backend_gone(7);
+    m.r[0].backend_gone(7);
+    m.pump(now);
+    let got = to_frontend_packets(&m.take(0));
+    assert!(
+        matches!(&got[..], [(1, Packet::DialRsp { error, random: 5, .. })] if &**error == BACKEND_GONE),
+        "{got:?}"
+    );
+    assert_eq!(m.r[0].stats().pending_dials, 0);
+    // A packet still in flight to the gone tunnel is dropped.
+    from_frontend(&mut m.r[0], now, 1, dial_req(6));
+    m.r[1].relayed_packet(0, 7, dial_req(6), framed(&dial_req(6)));
+    m.pump(now);
+    assert!(to_backend_packets(&m.take(1)).is_empty());
+}
+
+#[test]
+fn the_tunnel_core_refuses_a_relayed_dial_id_it_already_uses() {
+    let mut m = TwoCores::new();
+    let now = t0();
+    // A frontend of core 1 itself has dial 5 pending on the tunnel.
+    m.r[1].frontend_opened(2, FrontendKind::Grpc);
+    from_frontend(&mut m.r[1], now, 2, dial_req(5));
+    m.pump(now);
+    m.take(1);
+    from_frontend(&mut m.r[0], now, 1, dial_req(5));
+    m.pump(now);
+    assert!(to_backend_packets(&m.take(1)).is_empty(), "not forwarded");
+    let got = to_frontend_packets(&m.take(0));
+    assert!(
+        matches!(&got[..], [(1, Packet::DialRsp { error, random: 5, connect_id: 0 })] if &**error == DIAL_ID_IN_USE),
+        "{got:?}"
+    );
+    assert_eq!(m.r[1].stats().relayed, 0);
+}
+
+#[test]
+fn a_core_cannot_send_into_another_cores_relayed_connection() {
+    let mut m = TwoCores::new();
+    let now = t0();
+    from_frontend(&mut m.r[0], now, 1, dial_req(5));
+    m.pump(now);
+    m.agent(now, dial_rsp(5, 3, ""), 0);
+    m.take(1);
+    // Core 2 (or a confused core 0 frontend) names connection 3.
+    m.r[1].relayed_packet(2, 7, data(3, b"x"), framed(&data(3, b"x")));
+    m.r[1].relayed_packet(
+        2,
+        7,
+        Packet::CloseReq { connect_id: 3 },
+        framed(&Packet::CloseReq { connect_id: 3 }),
+    );
+    m.pump(now);
+    assert!(to_backend_packets(&m.take(1)).is_empty());
+    // The owner still can.
+    from_frontend(&mut m.r[0], now, 1, data(3, b"y"));
+    m.pump(now);
+    assert_eq!(to_backend_packets(&m.take(1)), vec![(7, data(3, b"y"))]);
+}
