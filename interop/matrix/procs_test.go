@@ -143,6 +143,7 @@ type server struct {
 	health int
 	admin  int
 	starts int
+	extra  []string // more flags (after the common ones)
 	p      *proc
 }
 
@@ -184,7 +185,7 @@ func (s *server) args(e *env) []string {
 	} else {
 		a = append(a, "--uds-name="+s.uds, "--server-port=0", "--delete-existing-uds-file=true")
 	}
-	return append(a,
+	return append(append(a,
 		"--cluster-cert="+e.pki.serverCert,
 		"--cluster-key="+e.pki.serverKey,
 		"--cluster-ca-cert="+e.pki.ca,
@@ -201,7 +202,7 @@ func (s *server) args(e *env) []string {
 		// end a server that has a client. A bound makes it exit.
 		"--graceful-shutdown-timeout=2s",
 		verbosity(s.impl),
-	)
+	), s.extra...)
 }
 
 // verbosity: per-connection events, not per-packet ones (upstream logs
@@ -270,7 +271,7 @@ type agent struct {
 	p      *proc
 }
 
-func startAgent(t testing.TB, e *env, dir, impl, id string, target int) (*agent, error) {
+func startAgent(t testing.TB, e *env, dir, impl, id string, target int, extra ...string) (*agent, error) {
 	a := &agent{impl: impl, id: id, dir: dir, target: target}
 	var err error
 	if a.health, err = freePort(); err != nil {
@@ -299,6 +300,7 @@ func startAgent(t testing.TB, e *env, dir, impl, id string, target int) (*agent,
 		"--probe-interval=200ms",
 		verbosity(impl),
 	}
+	args = append(args, extra...)
 	log := filepath.Join(dir, fmt.Sprintf("%s-%s.log", id, impl))
 	if a.p, err = startProc(t, impl+" proxy-agent "+id, bin, args, log); err != nil {
 		return nil, err

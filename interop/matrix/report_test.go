@@ -137,6 +137,7 @@ func table(e *env) string {
 			fmt.Fprintf(&b, "%d. %s\n", i+1, n)
 		}
 	}
+	b.WriteString("\n" + reusableTable())
 	return b.String()
 }
 
