@@ -5,13 +5,16 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/apiserver/pkg/server/egressselector"
+	"sigs.k8s.io/yaml"
 
 	"konn.local/interop/kube/internal/cluster"
 )
@@ -44,7 +47,7 @@ func TestDeployManifests(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if strings.Contains(string(b), "kind: EgressSelectorConfiguration") {
+		if isEgressConfig(b) {
 			egress = append(egress, p)
 		} else {
 			manifests = append(manifests, p)
@@ -65,6 +68,7 @@ func TestDeployManifests(t *testing.T) {
 	}
 	add := func(file, note string, err error) {
 		deployResults = append(deployResults, deployResult{file: rel(file), note: note, err: err})
+		t.Logf("%s: %s", rel(file), note)
 		if err != nil {
 			t.Errorf("%s: %v", rel(file), err)
 		}
@@ -73,6 +77,20 @@ func TestDeployManifests(t *testing.T) {
 	var startWith string
 	for _, p := range egress {
 		cfg, err := egressselector.ReadEgressSelectorConfiguration(p)
+		// Validation opens the TLS files of a TCP transport: point them at
+		// this suite's certificates (they are paths on a control plane
+		// node).
+		substituted := false
+		if err == nil {
+			for _, sel := range cfg.EgressSelections {
+				if tr := sel.Connection.Transport; tr != nil && tr.TCP != nil && tr.TCP.TLSConfig != nil {
+					tr.TCP.TLSConfig.CABundle = s.env.PKI.CA
+					tr.TCP.TLSConfig.ClientCert = s.env.PKI.KonnClient.Cert
+					tr.TCP.TLSConfig.ClientKey = s.env.PKI.KonnClient.Key
+					substituted = true
+				}
+			}
+		}
 		if err == nil {
 			if errs := egressselector.ValidateEgressSelectorConfiguration(cfg); len(errs) > 0 {
 				err = errs.ToAggregate()
@@ -95,7 +113,10 @@ func TestDeployManifests(t *testing.T) {
 			parts = append(parts, fmt.Sprintf("%s: %s/%s", sel.Name, c.ProxyProtocol, tr))
 		}
 		note := "kube-apiserver's reader and validation accept it (" + strings.Join(parts, ", ") + ")"
-		if startWith == "" && strings.Contains(p, "kubernetes-io") {
+		if substituted {
+			note += ", with the TLS file paths pointed at existing files"
+		}
+		if filepath.Base(filepath.Dir(p)) == "kubernetes-io" && filepath.Base(p) == "egress-selector-configuration.yaml" {
 			startWith = p
 			note += "; the kube-apiserver below was started with it"
 		}
@@ -116,7 +137,24 @@ func TestDeployManifests(t *testing.T) {
 	if err := api.Apply("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: default, namespace: kube-system}\n"); err != nil {
 		t.Fatal(err)
 	}
+	// Namespaces the manifests live in are created for real first (a
+	// dry-run creates nothing, so objects in a new namespace would be
+	// refused).
+	var rest []string
 	for _, p := range manifests {
+		if filepath.Base(p) != "namespace.yaml" {
+			rest = append(rest, p)
+			continue
+		}
+		out, err := api.Kubectl(time.Minute, nil, "apply", "-f", p)
+		add(p, "applied for real (the namespace of the dry-runs below): "+strings.TrimSpace(out), err)
+	}
+	flagsKnown := knownFlags(t)
+	for _, p := range rest {
+		if err := checkFlags(p, flagsKnown); err != nil {
+			add(p, "", err)
+			continue
+		}
 		out, err := api.Kubectl(time.Minute, nil, "apply", "--dry-run=server", "-f", p)
 		if err != nil {
 			var ke *cluster.KubectlError
@@ -132,6 +170,108 @@ func TestDeployManifests(t *testing.T) {
 				objs = append(objs, "`"+f[0]+"`")
 			}
 		}
-		add(p, "accepted: "+strings.Join(objs, ", "), nil)
+		add(p, "accepted: "+strings.Join(objs, ", ")+flagNote(p), nil)
 	}
+}
+
+// isEgressConfig: a top-level `kind: EgressSelectorConfiguration` (not one
+// embedded in a ConfigMap).
+func isEgressConfig(b []byte) bool {
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimRight(l, " \r") == "kind: EgressSelectorConfiguration" {
+			return true
+		}
+	}
+	return false
+}
+
+// knownFlags are the flag names konn's and upstream's proxy-server and
+// proxy-agent list in --help: flags[impl+" "+binary][name].
+func knownFlags(t *testing.T) map[string]map[string]bool {
+	s := theSuite
+	out := map[string]map[string]bool{}
+	re := regexp.MustCompile(`(?m)^\s+(?:-[a-z], )?--([a-z0-9-]+)`)
+	for _, impl := range []string{cluster.Konn, cluster.Upstream} {
+		for _, b := range []string{"proxy-server", "proxy-agent"} {
+			bin, err := s.env.Bin(impl, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			help, _ := exec.Command(bin, "--help").CombinedOutput()
+			m := map[string]bool{}
+			for _, g := range re.FindAllStringSubmatch(string(help), -1) {
+				m[g[1]] = true
+			}
+			if len(m) < 20 {
+				t.Fatalf("%s %s --help lists %d flags", impl, b, len(m))
+			}
+			out[impl+" "+b] = m
+		}
+	}
+	return out
+}
+
+var flagCounts = map[string]int{}
+
+// checkFlags finds every container of the manifest that runs
+// /proxy-server or /proxy-agent and checks that each --flag in its args is
+// one both konn's and upstream's binary know (a manifest must work with
+// either image).
+func checkFlags(path string, known map[string]map[string]bool) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, doc := range strings.Split(string(b), "\n---") {
+		var obj map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			return fmt.Errorf("YAML: %v", err)
+		}
+		var walk func(v any) error
+		walk = func(v any) error {
+			switch x := v.(type) {
+			case map[string]any:
+				if cmd, ok := x["command"].([]any); ok && len(cmd) > 0 {
+					bin := fmt.Sprint(cmd[0])
+					if bin == "/proxy-server" || bin == "/proxy-agent" {
+						args, _ := x["args"].([]any)
+						for _, a := range args {
+							name, _, _ := strings.Cut(strings.TrimPrefix(fmt.Sprint(a), "--"), "=")
+							for _, impl := range []string{cluster.Konn, cluster.Upstream} {
+								if !known[impl+" "+bin[1:]][name] {
+									return fmt.Errorf("%s: %s does not know --%s", bin, impl, name)
+								}
+							}
+							n++
+						}
+					}
+				}
+				for _, vv := range x {
+					if err := walk(vv); err != nil {
+						return err
+					}
+				}
+			case []any:
+				for _, vv := range x {
+					if err := walk(vv); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+		if err := walk(obj); err != nil {
+			return err
+		}
+	}
+	flagCounts[path] = n
+	return nil
+}
+
+func flagNote(path string) string {
+	if n := flagCounts[path]; n > 0 {
+		return fmt.Sprintf("; its %d proxy-server/proxy-agent flags are all known to konn's and upstream's binaries", n)
+	}
+	return ""
 }

@@ -9,16 +9,13 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"konn.local/interop/kube/internal/cluster"
 )
 
-// WebhookLabel is the label the webhook judges: "allow" is admitted,
-// anything else refused with WebhookDenial.
-const (
-	WebhookLabel  = "konn.test/webhook"
-	WebhookDenial = "refused by the konn-e2e webhook in the node network"
-)
-
-// webhook is a validating admission webhook (AdmissionReview v1).
+// webhook is a validating admission webhook (AdmissionReview v1): objects
+// labelled cluster.WebhookLabel=allow are admitted, others refused with
+// cluster.WebhookDenial.
 func webhook() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/validate", func(w http.ResponseWriter, r *http.Request) {
@@ -31,9 +28,9 @@ func webhook() http.Handler {
 			Metadata metav1.ObjectMeta `json:"metadata"`
 		}
 		json.Unmarshal(review.Request.Object.Raw, &obj)
-		resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: obj.Metadata.Labels[WebhookLabel] == "allow"}
+		resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: obj.Metadata.Labels[cluster.WebhookLabel] == "allow"}
 		if !resp.Allowed {
-			resp.Result = &metav1.Status{Code: http.StatusForbidden, Message: WebhookDenial}
+			resp.Result = &metav1.Status{Code: http.StatusForbidden, Message: cluster.WebhookDenial}
 		}
 		review.Response = resp
 		review.Request = nil
