@@ -1,24 +1,17 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -231,18 +224,6 @@ func runOne(t *testing.T, tr cluster.Transport, impl string) {
 
 // --- helpers ---
 
-func payload(n int, seed uint64) []byte {
-	var key [32]byte
-	for i := range 8 {
-		key[i] = byte(seed >> (8 * i))
-	}
-	b := make([]byte, n)
-	rand.NewChaCha8(key).Read(b)
-	return b
-}
-
-func sum(b []byte) string { s := sha256.Sum256(b); return fmt.Sprintf("%x", s[:8]) }
-
 // newRequests returns what the node network's server received since
 // `before` requests, filtered by server and kind.
 func newRequests(r *runCtx, before int, server, kind string) ([]cluster.NodeRequest, error) {
@@ -288,38 +269,6 @@ func checkUpgrade(r *runCtx, before int, kind, want string) (string, error) {
 	return fmt.Sprintf("kubelet saw Upgrade: %s (%s)", q.Upgrade, proto), nil
 }
 
-// limitedBuffer keeps the first 64 KiB written (for error messages).
-type limitedBuffer struct{ bytes.Buffer }
-
-func (l *limitedBuffer) Write(p []byte) (int, error) {
-	if room := 64<<10 - l.Len(); room > 0 {
-		l.Buffer.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-// runStdin runs kubectl with in on stdin and returns stdout's SHA-256
-// prefix and length.
-func runStdin(r *runCtx, d time.Duration, env []string, in []byte, args ...string) (string, int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	cmd := r.api.KubectlCmd(ctx, args...)
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stdin = bytes.NewReader(in)
-	h := sha256.New()
-	cw := &countWriter{}
-	var stderr limitedBuffer
-	cmd.Stdout, cmd.Stderr = io.MultiWriter(h, cw), &stderr
-	if err := cmd.Run(); err != nil {
-		return "", 0, fmt.Errorf("kubectl %s: %v (after %d bytes of stdout): %s", strings.Join(args, " "), err, cw.n, strings.TrimSpace(stderr.String()))
-	}
-	return fmt.Sprintf("%x", h.Sum(nil)[:8]), cw.n, nil
-}
-
-type countWriter struct{ n int }
-
-func (c *countWriter) Write(p []byte) (int, error) { c.n += len(p); return len(p), nil }
-
 // --- cases ---
 
 func logsFollow(t *testing.T, r *runCtx) (string, error) {
@@ -327,50 +276,15 @@ func logsFollow(t *testing.T, r *runCtx) (string, error) {
 	if err := r.s.node.LogReset(key); err != nil {
 		return "", err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := r.api.KubectlCmd(ctx, "logs", "-f", "-n", cluster.Namespace, cluster.PodName, "-c", cluster.Container)
-	out, err := cmd.StdoutPipe()
+	ls, err := r.api.FollowLogs(2*time.Minute, cluster.PodName)
 	if err != nil {
 		return "", err
 	}
-	var stderr limitedBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	lines := make(chan string, 64)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
-	waitLine := func(want string, d time.Duration) error {
-		timer := time.NewTimer(d)
-		defer timer.Stop()
-		for {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					return fmt.Errorf("kubectl logs -f ended before %q arrived: %s", want, strings.TrimSpace(stderr.String()))
-				}
-				if l == want {
-					return nil
-				}
-				return fmt.Errorf("kubectl logs -f printed %q, want %q", l, want)
-			case <-timer.C:
-				return fmt.Errorf("%q did not arrive within %v", want, d)
-			}
-		}
-	}
 	fail := func(err error) (string, error) {
-		cmd.Process.Kill()
-		cmd.Wait()
+		ls.Kill()
 		return "", err
 	}
-	if err := waitLine("log line 0: written before anyone followed", 30*time.Second); err != nil {
+	if err := ls.Next("log line 0: written before anyone followed", 30*time.Second); err != nil {
 		return fail(err)
 	}
 	var slowest time.Duration
@@ -380,7 +294,8 @@ func logsFollow(t *testing.T, r *runCtx) (string, error) {
 		if err := r.s.node.LogLine(key, line); err != nil {
 			return fail(err)
 		}
-		if err := waitLine(line, 10*time.Second); err != nil {
+		// Line i must arrive before line i+1 is even written.
+		if err := ls.Next(line, 10*time.Second); err != nil {
 			return fail(err)
 		}
 		slowest = max(slowest, time.Since(t0))
@@ -388,35 +303,24 @@ func logsFollow(t *testing.T, r *runCtx) (string, error) {
 	if err := r.s.node.LogEnd(key); err != nil {
 		return fail(err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		for range lines {
-		}
-		done <- cmd.Wait()
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			return "", fmt.Errorf("kubectl logs -f: %v: %s", err, strings.TrimSpace(stderr.String()))
-		}
-	case <-time.After(20 * time.Second):
-		return fail(errors.New("kubectl logs -f did not end within 20 s of the log's end"))
+	if err := ls.Wait(20 * time.Second); err != nil {
+		return "", err
 	}
-	return fmt.Sprintf("each appended line reached kubectl within %.1f ms", float64(slowest.Microseconds())/1000), nil
+	return fmt.Sprintf("each appended line reached kubectl within %.1f ms; kubectl exited when the log ended", float64(slowest.Microseconds())/1000), nil
 }
 
 func execCase(pod string, env []string, size int, upgrade string) caseFn {
 	return func(t *testing.T, r *runCtx) (string, error) {
-		in := payload(size, uint64(size))
+		in := cluster.Payload(size, uint64(size))
 		before := requestCount(r)
 		t0 := time.Now()
-		got, n, err := runStdin(r, 3*time.Minute, env, in, "exec", "-i", "-n", cluster.Namespace, pod, "-c", cluster.Container, "--", "cat")
+		got, n, err := r.api.KubectlStdin(3*time.Minute, env, in, "exec", "-i", "-n", cluster.Namespace, pod, "-c", cluster.Container, "--", "cat")
 		if err != nil {
 			return "", err
 		}
 		d := time.Since(t0)
-		if n != size || got != sum(in) {
-			return "", fmt.Errorf("stdout: %d bytes, SHA-256 %s…; sent %d bytes, SHA-256 %s…", n, got, size, sum(in))
+		if n != size || got != cluster.Sum(in) {
+			return "", fmt.Errorf("stdout: %d bytes, SHA-256 %s…; sent %d bytes, SHA-256 %s…", n, got, size, cluster.Sum(in))
 		}
 		note, err := checkUpgrade(r, before, "exec", upgrade)
 		if err != nil {
@@ -447,14 +351,14 @@ func execExit(t *testing.T, r *runCtx) (string, error) {
 }
 
 func attach(t *testing.T, r *runCtx) (string, error) {
-	in := payload(smallBytes, 7)
+	in := cluster.Payload(smallBytes, 7)
 	before := requestCount(r)
-	got, n, err := runStdin(r, 2*time.Minute, nil, in, "attach", "-i", "-q", "-n", cluster.Namespace, cluster.PodName, "-c", cluster.Container)
+	got, n, err := r.api.KubectlStdin(2*time.Minute, nil, in, "attach", "-i", "-q", "-n", cluster.Namespace, cluster.PodName, "-c", cluster.Container)
 	if err != nil {
 		return "", err
 	}
-	if n != len(in) || got != sum(in) {
-		return "", fmt.Errorf("stdout: %d bytes, SHA-256 %s…; sent %d bytes, SHA-256 %s…", n, got, len(in), sum(in))
+	if n != len(in) || got != cluster.Sum(in) {
+		return "", fmt.Errorf("stdout: %d bytes, SHA-256 %s…; sent %d bytes, SHA-256 %s…", n, got, len(in), cluster.Sum(in))
 	}
 	note, err := checkUpgrade(r, before, "attach", "SPDY/3.1")
 	if err != nil {
@@ -463,98 +367,19 @@ func attach(t *testing.T, r *runCtx) (string, error) {
 	return "SHA-256 equal; " + note, nil
 }
 
-var forwardingRE = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> `)
-
-// startPortForward runs kubectl port-forward to the pod's echo port and
-// returns the local port (in the control plane namespace).
-func startPortForward(ctx context.Context, r *runCtx, pod string, env []string) (int, func() error, error) {
-	cmd := r.api.KubectlCmd(ctx, "port-forward", "--address=127.0.0.1", "-n", cluster.Namespace, "pod/"+pod, ":"+strconv.Itoa(r.s.node.Ports.Echo))
-	cmd.Env = append(cmd.Env, env...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return 0, nil, err
-	}
-	var stderr limitedBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return 0, nil, err
-	}
-	portc := make(chan int, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		sent := false
-		for sc.Scan() { // keep draining: kubectl prints a line per connection
-			if m := forwardingRE.FindStringSubmatch(sc.Text()); m != nil && !sent {
-				p, _ := strconv.Atoi(m[1])
-				portc <- p
-				sent = true
-			}
-		}
-	}()
-	stop := func() error {
-		cmd.Process.Signal(syscall.SIGTERM)
-		err := cmd.Wait()
-		if stderr.Len() > 0 && err != nil {
-			return fmt.Errorf("kubectl port-forward: %v: %s", err, strings.TrimSpace(stderr.String()))
-		}
-		return nil
-	}
-	select {
-	case p := <-portc:
-		return p, stop, nil
-	case <-time.After(30 * time.Second):
-		stop()
-		return 0, nil, fmt.Errorf("kubectl port-forward printed no local port within 30 s: %s", strings.TrimSpace(stderr.String()))
-	}
-}
-
-// echoRoundTrip sends n bytes through addr (in ns) and reads them back at
-// the same time; SHA-256 of both compared.
-func echoRoundTrip(ns *cluster.NS, addr string, n int, seed uint64, d time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	c, err := ns.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(d))
-	data := payload(n, seed)
-	werr := make(chan error, 1)
-	go func() {
-		var err error
-		for off := 0; off < n && err == nil; off += 32 << 10 {
-			_, err = c.Write(data[off:min(n, off+32<<10)])
-		}
-		werr <- err
-	}()
-	got := make([]byte, n)
-	k, rerr := io.ReadFull(c, got)
-	if err := <-werr; err != nil {
-		return fmt.Errorf("writing: %v", err)
-	}
-	if rerr != nil {
-		return fmt.Errorf("reading: %v after %d of %d bytes", rerr, k, n)
-	}
-	if sum(got) != sum(data) {
-		return fmt.Errorf("echoed SHA-256 %s… differs from sent %s…", sum(got), sum(data))
-	}
-	return nil
-}
-
 func portForward(pod string, env []string, bulk, parallel, each int, upgrade string) caseFn {
 	return func(t *testing.T, r *runCtx) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		before := requestCount(r)
-		port, stop, err := startPortForward(ctx, r, pod, env)
+		port, stop, err := r.api.PortForward(ctx, pod, r.s.node.Ports.Echo, env)
 		if err != nil {
 			return "", err
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		cp := r.s.env.Topo.CP
 		t0 := time.Now()
-		if err := echoRoundTrip(cp, addr, bulk, 1, 3*time.Minute); err != nil {
+		if err := cluster.EchoRoundTrip(cp, addr, bulk, 1, 3*time.Minute); err != nil {
 			stop()
 			return "", fmt.Errorf("%s each way: %v", mib(bulk), err)
 		}
@@ -563,7 +388,7 @@ func portForward(pod string, env []string, bulk, parallel, each int, upgrade str
 		var wg sync.WaitGroup
 		errs := make([]error, parallel)
 		for i := range parallel {
-			wg.Go(func() { errs[i] = echoRoundTrip(cp, addr, each, uint64(100+i), 2*time.Minute) })
+			wg.Go(func() { errs[i] = cluster.EchoRoundTrip(cp, addr, each, uint64(100+i), 2*time.Minute) })
 		}
 		wg.Wait()
 		dPar := time.Since(t1)
