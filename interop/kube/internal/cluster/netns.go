@@ -263,6 +263,12 @@ func NewTopology() (*Topology, error) {
 			t.names = append(t.names, t.Node.Name)
 		}
 	}
+	// Processes start through `ip netns exec`, which also needs to mount
+	// /sys: where that is not allowed, fall back rather than fail later.
+	if err := ipCmd("netns", "exec", t.CP.Name, "true"); err != nil {
+		t.Close()
+		return fallback("cannot run programs in a network namespace: " + err.Error())
+	}
 	// The link must carry traffic before anyone relies on it: poll until
 	// the agent's side can reach a listener on the control plane side.
 	if err := t.waitLink(); err != nil {
