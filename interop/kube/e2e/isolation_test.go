@@ -56,13 +56,14 @@ func TestTopology(t *testing.T) {
 			topologyLines = append(topologyLines, fmt.Sprintf("%s `%s`: **reachable from the control plane (FAIL)**", name, addr))
 			continue
 		}
-		topologyLines = append(topologyLines, fmt.Sprintf("%s `%s`: answers in the node network; from the control plane: `%v`", name, addr, errText(err)))
+		host, _, _ := net.SplitHostPort(addr)
+		topologyLines = append(topologyLines, fmt.Sprintf("%s on %s: answers in the node network; from the control plane: `%v`", name, host, errText(err)))
 	}
 	etcd := net.JoinHostPort(topo.ServerAddr, strconv.Itoa(s.etcd.Port))
 	if err := dial(topo.Node, etcd); err == nil {
 		t.Errorf("etcd's port at %s is reachable from the node network", etcd)
 	} else {
-		topologyLines = append(topologyLines, fmt.Sprintf("the other way: etcd's port `%s` from the node network: `%v`", etcd, errText(err)))
+		topologyLines = append(topologyLines, fmt.Sprintf("the other way: etcd's port on %s (the control plane's end of the veth pair) from the node network: `%v`", topo.ServerAddr, errText(err)))
 	}
 }
 

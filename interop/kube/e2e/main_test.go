@@ -56,6 +56,9 @@ func run(m *testing.M) int {
 	}
 	theSuite = s
 	fmt.Fprintln(os.Stderr, "kube e2e: topology:", s.env.Topo.Describe())
+	if s.env.Topo.Isolated {
+		fmt.Fprintf(os.Stderr, "kube e2e: namespaces %s and %s\n", s.env.Topo.CP.Name, s.env.Topo.Node.Name)
+	}
 	code := m.Run()
 	if *reportPath != "" && ranKube {
 		if err := writeReport(*reportPath, s); err != nil {

@@ -151,7 +151,7 @@ func table(s *suite) string {
 		b.WriteString("\n</details>\n")
 	}
 	if len(deployResults) > 0 {
-		b.WriteString("\n`kubectl apply --dry-run=server` of every manifest in `deploy/` (`TestDeployManifests`, against a kube-apiserver started with `deploy/` 's EgressSelectorConfiguration files):\n\n")
+		b.WriteString("\n`kubectl apply --dry-run=server` of every manifest in `deploy/` (`TestDeployManifests`, against a kube-apiserver started with `deploy/kubernetes-io/egress-selector-configuration.yaml`):\n\n")
 		b.WriteString("| file | result |\n|---|---|\n")
 		for _, d := range deployResults {
 			if d.err != nil {

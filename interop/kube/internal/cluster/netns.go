@@ -318,9 +318,9 @@ func (t *Topology) Close() {
 // Describe says in one line where things run.
 func (t *Topology) Describe() string {
 	if t.Isolated {
-		return fmt.Sprintf("isolated: control plane in %s, node network in %s, joined by one veth pair %s/30 (%s ↔ %s); "+
-			"destinations on %s (node) and %s (pod), which the control plane cannot route to",
-			t.CP.Name, t.Node.Name, "10.200.0.0", linkCP, linkNode, t.NodeIP, t.PodIP)
+		return fmt.Sprintf("isolated: the control plane and the node network in two network namespaces (konn-kube-<pid>-<random>-cp and -node), "+
+			"joined by one veth pair 10.200.0.0/30 (%s ↔ %s); destinations on %s (node) and %s (pod), which the control plane cannot route to",
+			linkCP, linkNode, t.NodeIP, t.PodIP)
 	}
 	return fmt.Sprintf("FALLBACK (no network namespaces: %s): everything in one namespace, destinations on %s; "+
 		"kube-apiserver could reach them directly, so every case asserts from the proxies' dial metrics that its traffic crossed the tunnel",
