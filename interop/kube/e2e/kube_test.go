@@ -70,8 +70,10 @@ var cases = []kcase{
 		execCase(cluster.PodNameWS, nil, smallBytes, "websocket")},
 	{"exec exit status", "`kubectl exec -- exit 3` exits with status 3 (the status travels back through the tunnel)",
 		execExit},
-	{"attach -i", fmt.Sprintf("`kubectl attach -i` to a container echoing its stdin, %s, SHA-256 compared", mib(smallBytes)),
-		attach},
+	{"attach -i", fmt.Sprintf("`kubectl attach -i` to a container echoing its stdin, %s, SHA-256 compared (SPDY towards the kubelet)", mib(smallBytes)),
+		attach(cluster.PodName, "SPDY/3.1")},
+	{"attach -i (WebSocket to kubelet)", fmt.Sprintf("as `attach -i` on the pod of the `ExtendWebSocketsToKubelet` Node: the WebSocket v5.channel.k8s.io upgrade crosses the tunnel, %s", mib(smallBytes)),
+		attach(cluster.PodNameWS, "websocket")},
 	{"port-forward", fmt.Sprintf("`kubectl port-forward` to the pod's echo port: one connection with %s each way at once, then %d parallel connections with %s each way; SHA-256 of what came back compared (kubectl tunnels over WebSocket, kube-apiserver speaks SPDY to the kubelet)", mib(pfBytes), pfParallel, mib(pfEach)),
 		portForward(cluster.PodName, nil, pfBytes, pfParallel, pfEach, "SPDY/3.1")},
 	{"port-forward (SPDY)", fmt.Sprintf("as `port-forward` with `KUBECTL_PORT_FORWARD_WEBSOCKETS=false` (SPDY end to end): %s on one connection, 4 parallel with %s", mib(smallBytes), mib(pfEach)),
@@ -350,21 +352,23 @@ func execExit(t *testing.T, r *runCtx) (string, error) {
 	return "exit status 3, then `echo` output intact", nil
 }
 
-func attach(t *testing.T, r *runCtx) (string, error) {
-	in := cluster.Payload(smallBytes, 7)
-	before := requestCount(r)
-	got, n, err := r.api.KubectlStdin(2*time.Minute, nil, in, "attach", "-i", "-q", "-n", cluster.Namespace, cluster.PodName, "-c", cluster.Container)
-	if err != nil {
-		return "", err
+func attach(pod, upgrade string) caseFn {
+	return func(t *testing.T, r *runCtx) (string, error) {
+		in := cluster.Payload(smallBytes, 7)
+		before := requestCount(r)
+		got, n, err := r.api.KubectlStdin(2*time.Minute, nil, in, "attach", "-i", "-q", "-n", cluster.Namespace, pod, "-c", cluster.Container)
+		if err != nil {
+			return "", err
+		}
+		if n != len(in) || got != cluster.Sum(in) {
+			return "", fmt.Errorf("stdout: %d bytes, SHA-256 %s…; sent %d bytes, SHA-256 %s…", n, got, len(in), cluster.Sum(in))
+		}
+		note, err := checkUpgrade(r, before, "attach", upgrade)
+		if err != nil {
+			return "", err
+		}
+		return "SHA-256 equal; " + note, nil
 	}
-	if n != len(in) || got != cluster.Sum(in) {
-		return "", fmt.Errorf("stdout: %d bytes, SHA-256 %s…; sent %d bytes, SHA-256 %s…", n, got, len(in), cluster.Sum(in))
-	}
-	note, err := checkUpgrade(r, before, "attach", "SPDY/3.1")
-	if err != nil {
-		return "", err
-	}
-	return "SHA-256 equal; " + note, nil
 }
 
 func portForward(pod string, env []string, bulk, parallel, each int, upgrade string) caseFn {
