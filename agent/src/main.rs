@@ -14,7 +14,8 @@
 use std::process::ExitCode;
 
 use konn_agent::options::{self, AgentOptions};
-use konn_agent::run::{self, AgentSettings};
+use konn_agent::run;
+use konn_agent::settings::AgentSettings;
 use konn_core::io::signals::{block_shutdown_signals, wait_shutdown_signal};
 use konn_core::log::{LogConfig, tracing};
 

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use e2e_common::*;
-use konn_agent::run::AgentSettings;
+use konn_agent::settings::AgentSettings;
 use konn_bench::dest::Destination;
 use konn_bench::frontend::GrpcFrontend;
 use konn_bench::procs::{Proc, free_port, http_get, wait_http_ok};

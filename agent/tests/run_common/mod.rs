@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use konn_agent::run::AgentSettings;
+use konn_agent::settings::AgentSettings;
 pub use konn_bench::fds::{fd_targets, open_fds};
 use konn_core::io::runtime::{Engine, IoEngine};
 use konn_server::serve::{ServerHandle, start};

@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use konn_agent::run::{self, AgentHandle, AgentSettings};
+use konn_agent::run::{self, AgentHandle};
+use konn_agent::settings::AgentSettings;
 use konn_bench::connect::{ConnectTunnel, Requested, http1_tls};
 pub use konn_bench::fds::{fd_targets, open_fds};
 use konn_bench::frontend::GrpcFrontend;
