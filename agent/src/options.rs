@@ -23,13 +23,17 @@
 //!   (upstream would spin or hand grpc-go a negative time).
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use konn_core::app::Options;
+pub use konn_core::cli::common::Unsupported;
+use konn_core::cli::common::{
+    channel_size, check_exists, check_pair, check_profiling, default_id, non_empty_path,
+    non_negative, parse_labels, positive, register_profiling,
+};
 use konn_core::cli::engine::EngineFlags;
-use konn_core::cli::{Command, FlagSet, GoDuration, random_uuid};
+use konn_core::cli::{Command, FlagSet, GoDuration};
 use konn_core::log::LogConfig;
 
 use crate::Error;
@@ -134,10 +138,7 @@ impl AgentFlags {
     /// from `env("PROXY_AGENT_ID")` when set and non-empty, else a random
     /// UUID.
     pub fn defaults(env: &dyn Fn(&str) -> Option<String>) -> Self {
-        let agent_id = env(AGENT_ID_ENV)
-            .filter(|id| !id.is_empty())
-            .or_else(random_uuid)
-            .unwrap_or_else(|| format!("konn-{}", std::process::id()));
+        let agent_id = default_id(env, AGENT_ID_ENV);
         Self {
             agent_cert: String::new(),
             agent_key: String::new(),
@@ -226,16 +227,7 @@ impl AgentFlags {
             &self.admin_bind_address,
             "Address the admin server binds to.",
         );
-        f.add_bool(
-            "enable-profiling",
-            self.enable_profiling,
-            "Serve Go pprof on the admin port (upstream; konn has no pprof and logs a warning).",
-        );
-        f.add_bool(
-            "enable-contention-profiling",
-            self.enable_contention_profiling,
-            "Enable lock contention profiling (upstream; requires --enable-profiling).",
-        );
+        register_profiling(f, self.enable_profiling, self.enable_contention_profiling);
         f.add_string(
             "agent-id",
             &self.agent_id,
@@ -386,12 +378,8 @@ impl AgentFlags {
                 return Err(Error::PortNotPositive { flag, port });
             }
         }
-        if self.xfr_channel_size <= 0 {
-            return Err(Error::ChannelSize(self.xfr_channel_size));
-        }
-        if self.enable_contention_profiling && !self.enable_profiling {
-            return Err(Error::ContentionWithoutProfiling);
-        }
+        let xfr_channel_size = channel_size(self.xfr_channel_size)?;
+        check_profiling(self.enable_profiling, self.enable_contention_profiling)?;
         if self.sync_interval > self.sync_interval_cap {
             return Err(Error::SyncIntervalAboveCap {
                 interval: self.sync_interval,
@@ -473,7 +461,7 @@ impl AgentFlags {
             },
             enable_profiling: self.enable_profiling,
             enable_contention_profiling: self.enable_contention_profiling,
-            xfr_channel_size: usize::try_from(self.xfr_channel_size).unwrap_or(usize::MAX),
+            xfr_channel_size,
             warn_on_channel_limit: self.warn_on_channel_limit,
             engine,
             warnings,
@@ -515,21 +503,6 @@ pub struct Listener {
     pub bind_address: String,
     /// Port.
     pub port: u16,
-}
-
-/// A feature konn accepts on the command line but cannot run yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unsupported {
-    /// The flags that ask for it.
-    pub flags: &'static str,
-    /// What to tell the operator.
-    pub message: &'static str,
-}
-
-impl fmt::Display for Unsupported {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.message)
-    }
 }
 
 /// proxy-agent's validated, typed options.
@@ -591,29 +564,29 @@ pub struct AgentOptions {
     pub warnings: Vec<String>,
 }
 
-impl AgentOptions {
-    /// Reads and validates every flag of a parsed [`command`].
-    ///
-    /// # Errors
-    ///
-    /// The first invalid value.
-    pub fn from_flags(flags: &FlagSet) -> Result<Self, Error> {
-        let engine = EngineFlags::from_flags(flags).map_err(Error::Engine)?;
+/// `--count-server-leases`: konn cannot read the Lease API yet.
+const LEASE_COUNTING: Unsupported = Unsupported {
+    flags: "--count-server-leases",
+    message: "counting proxy-servers by their Leases (--count-server-leases) is not supported yet by konn; \
+              it needs the Kubernetes Lease API. The agent learns the server count from the servers without it.",
+};
+
+/// How the start-up sequence (`konn_core::app`) reads and checks them;
+/// `AgentOptions::from_flags` reads and validates every flag of a parsed
+/// [`command`].
+impl Options for AgentOptions {
+    type Error = Error;
+
+    fn validate(flags: &FlagSet, engine: EngineFlags) -> Result<Self, Error> {
         AgentFlags::from_flags(flags).validate(engine)
     }
 
-    /// Features requested by the flags that konn does not implement yet;
-    /// the binary refuses to start when this is not empty.
-    pub fn unsupported_features(&self) -> Vec<Unsupported> {
-        let mut out = Vec::new();
-        if self.lease_counting.is_some() {
-            out.push(Unsupported {
-                flags: "--count-server-leases",
-                message: "counting proxy-servers by their Leases (--count-server-leases) is not supported yet by konn; \
-                          it needs the Kubernetes Lease API. The agent learns the server count from the servers without it.",
-            });
-        }
-        out
+    fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    fn unsupported_features(&self) -> Vec<Unsupported> {
+        self.lease_counting.iter().map(|_| LEASE_COUNTING).collect()
     }
 }
 
@@ -704,75 +677,6 @@ fn query_unescape(s: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
-/// Upstream's `os.Stat` + `os.IsNotExist` check: only a missing file fails.
-fn check_exists(flag: &'static str, path: &str) -> Result<(), Error> {
-    if path.is_empty() {
-        return Ok(());
-    }
-    match std::fs::metadata(path) {
-        Err(source) if source.kind() == io::ErrorKind::NotFound => Err(Error::FileMissing {
-            flag,
-            path: path.to_owned(),
-            source,
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// When `set` is non-empty its file must exist and `other` must be set.
-fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<(), Error> {
-    if set.1.is_empty() {
-        return Ok(());
-    }
-    check_exists(set.0, set.1)?;
-    if other.1.is_empty() {
-        return Err(Error::IncompletePair {
-            set: set.0,
-            value: set.1.to_owned(),
-            missing: other.0,
-        });
-    }
-    Ok(())
-}
-
-/// Upstream's `ParseLabels`: `k=v[,k=v...]`, each pair exactly one `=`,
-/// keys and values trimmed; empty input is an error.
-pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, String>, Error> {
-    if s.is_empty() {
-        return Err(Error::InvalidLabels {
-            flag,
-            problem: "must not be empty".to_owned(),
-        });
-    }
-    let mut out = BTreeMap::new();
-    for pair in s.split(',') {
-        let parts: Vec<&str> = pair.split('=').collect();
-        let [k, v] = parts[..] else {
-            return Err(Error::InvalidLabels {
-                flag,
-                problem: format!("invalid label {pair:?}: want key=value"),
-            });
-        };
-        out.insert(k.trim().to_owned(), v.trim().to_owned());
-    }
-    Ok(out)
-}
-
 fn port_u16(flag: &'static str, port: i64) -> Result<u16, Error> {
     u16::try_from(port).map_err(|_| Error::PortTooLarge { flag, port })
-}
-
-fn positive(flag: &'static str, d: GoDuration) -> Result<Duration, Error> {
-    match d.to_std() {
-        Some(v) if !v.is_zero() => Ok(v),
-        _ => Err(Error::NotPositive { flag, value: d }),
-    }
-}
-
-fn non_negative(flag: &'static str, d: GoDuration) -> Result<Duration, Error> {
-    d.to_std().ok_or(Error::NegativeDuration { flag, value: d })
-}
-
-fn non_empty_path(s: &str) -> Option<PathBuf> {
-    (!s.is_empty()).then(|| PathBuf::from(s))
 }

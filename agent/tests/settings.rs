@@ -11,6 +11,7 @@ use std::time::Duration;
 use konn_agent::Error;
 use konn_agent::options::{self, AgentOptions};
 use konn_agent::settings::{AgentSettings, DIAL_TIMEOUT, SERVER_CONNECT_TIMEOUT};
+use konn_core::app::Options as _;
 use konn_core::cli::Outcome;
 use konn_core::io::runtime::IoEngine;
 use konn_protocol::agent::sync::DEFAULT_HEADER_TIMEOUT;

@@ -15,6 +15,7 @@
 mod options_common;
 mod upstream_flags;
 
+use konn_core::app::Options as _;
 use konn_core::cli::{Outcome, ParseError};
 use konn_server::Error;
 use konn_server::options::{self, ServerOptions};
