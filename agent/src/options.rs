@@ -35,6 +35,7 @@ use konn_core::cli::common::{
 use konn_core::cli::engine::EngineFlags;
 use konn_core::cli::{Command, FlagSet, GoDuration};
 use konn_core::log::LogConfig;
+use konn_frames::url;
 
 use crate::Error;
 
@@ -50,9 +51,6 @@ pub const AGENT_ID_ENV: &str = "PROXY_AGENT_ID";
 
 /// Identifier types the agent may announce (`--agent-identifiers` keys).
 pub const IDENTIFIER_TYPES: [&str; 5] = ["ipv4", "ipv6", "host", "cidr", "default-route"];
-
-/// Go's `net/url` limit on query parameters (`urlmaxqueryparams`).
-const MAX_QUERY_PARAMS: usize = 10_000;
 
 /// Builds proxy-agent's command line, reading `PROXY_AGENT_ID` from the
 /// process environment.
@@ -590,42 +588,26 @@ impl Options for AgentOptions {
     }
 }
 
-/// Go's `net/url.ParseQuery`, keeping keys and values in input order:
-/// `&`-separated `key=value` settings, empty settings skipped, `%XX` and `+`
-/// decoded. A setting with a `;` is an error (and that error wins over a bad
-/// escape, as in Go); otherwise the first bad escape is reported. Then
-/// every key must be an identifier type the agent knows.
+/// Go's `net/url.ParseQuery` (`konn_frames::url::parse_query`: settings in
+/// input order, `%XX` and `+` decoded, Go's rules for which error is
+/// reported), then every key must be an identifier type the agent knows.
+/// Decoded bytes that are not UTF-8 are replaced (only keys are compared,
+/// and valid keys are ASCII).
 ///
 /// # Errors
 ///
 /// [`Error::AgentIdentifiers`] with Go's wording of the problem.
 pub fn parse_agent_identifiers(query: &str) -> Result<Vec<(String, String)>, Error> {
-    if query.matches('&').count() + 1 > MAX_QUERY_PARAMS {
-        return Err(Error::AgentIdentifiers(
-            "number of URL query parameters exceeded limit".to_owned(),
-        ));
-    }
-    let mut pairs = Vec::new();
-    let mut err: Option<String> = None;
-    for setting in query.split('&') {
-        if setting.contains(';') {
-            err = Some("invalid semicolon separator in query".to_owned());
-            continue;
-        }
-        if setting.is_empty() {
-            continue;
-        }
-        let (k, v) = setting.split_once('=').unwrap_or((setting, ""));
-        match (query_unescape(k), query_unescape(v)) {
-            (Ok(k), Ok(v)) => pairs.push((k, v)),
-            (Err(e), _) | (_, Err(e)) => {
-                err.get_or_insert(e);
-            }
-        }
-    }
-    if let Some(e) = err {
-        return Err(Error::AgentIdentifiers(e));
-    }
+    let settings = url::parse_query(query).map_err(|e| Error::AgentIdentifiers(e.to_string()))?;
+    let pairs: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| {
+            (
+                String::from_utf8_lossy(k).into_owned(),
+                String::from_utf8_lossy(v).into_owned(),
+            )
+        })
+        .collect();
     if let Some((key, _)) = pairs
         .iter()
         .find(|(k, _)| !IDENTIFIER_TYPES.contains(&k.as_str()))
@@ -636,45 +618,6 @@ pub fn parse_agent_identifiers(query: &str) -> Result<Vec<(String, String)>, Err
         )));
     }
     Ok(pairs)
-}
-
-/// Go's `url.QueryUnescape`: `%XX` → byte, `+` → space. The result may
-/// contain invalid UTF-8 in Go; konn replaces such bytes (only keys are
-/// compared, and valid keys are ASCII).
-fn query_unescape(s: &str) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = |c: u8| (c as char).to_digit(16);
-                match (
-                    b.get(i + 1).and_then(|&c| hex(c)),
-                    b.get(i + 2).and_then(|&c| hex(c)),
-                ) {
-                    (Some(h), Some(l)) => {
-                        out.push(u8::try_from(h * 16 + l).unwrap_or(0));
-                        i += 3;
-                    }
-                    _ => {
-                        let end = (i + 3).min(b.len());
-                        let bad = String::from_utf8_lossy(&b[i..end]);
-                        return Err(format!("invalid URL escape {bad:?}"));
-                    }
-                }
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 fn port_u16(flag: &'static str, port: i64) -> Result<u16, Error> {
