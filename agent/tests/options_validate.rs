@@ -2,8 +2,6 @@
 //! rejected), konn's additional checks, the typed result and the features
 //! konn refuses at start.
 
-mod options_common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,7 +9,7 @@ use konn_agent::Error;
 use konn_agent::options::{self, AgentOptions, ServerCountSource, parse_agent_identifiers};
 use konn_core::app::Options as _;
 use konn_core::cli::common::FlagError;
-use options_common::{TempFile, missing_path};
+use konn_testkit::files::{TempFile, missing_path};
 
 fn validate(args: &[&str]) -> Result<AgentOptions, Error> {
     let mut cmd = options::command_with_env(|_| None);

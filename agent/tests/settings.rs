@@ -41,7 +41,7 @@ fn files() -> Files {
         p.display().to_string()
     };
     Files {
-        ca: write("ca.crt", &pki.ca),
+        ca: write("ca.crt", &pki.ca_cert),
         // Any certificate and key will do for building the client side.
         cert: write("agent.crt", &pki.server_cert),
         key: write("agent.key", &pki.server_key),

@@ -2,8 +2,6 @@
 //! rejected), konn's additional checks, the typed result and the features
 //! konn refuses at start.
 
-mod options_common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,7 +12,7 @@ use konn_server::Error;
 use konn_server::options::{
     self, DEFAULT_BACKEND_DIAL_TIMEOUT, Frontend, Mode, ProxyStrategy, ServerOptions,
 };
-use options_common::{TempFile, missing_path};
+use konn_testkit::files::{TempFile, missing_path};
 
 fn validate(args: &[&str]) -> Result<ServerOptions, Error> {
     let mut cmd = options::command_with_env(|_| None);
