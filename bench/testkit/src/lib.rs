@@ -4,6 +4,7 @@
 //! `agent/tests`), konn-core's socket tests, and konn-bench's demo and
 //! harness use these tools; nothing here runs in production.
 //!
+//! - [`alloc`]: a global allocator counting each thread's allocations.
 //! - [`ports`]: free ports for listeners of child processes and addresses
 //!   nothing listens on.
 //! - [`fds`]: this process's descriptors, the serialisation of the tests
@@ -20,6 +21,7 @@
 //! - [`bulk`]: [`Pattern`], [`Sha256`]: reproducible bulk data and its digest.
 //! - [`engine_flag`]: the `--io-engine` value that runs a test on an engine.
 
+pub mod alloc;
 pub mod bulk;
 pub mod connect;
 pub mod dest;
