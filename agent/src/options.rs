@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use konn_core::app::Options;
-pub use konn_core::cli::common::Unsupported;
+pub use konn_core::cli::common::{Listener, Unsupported};
 use konn_core::cli::common::{
     channel_size, check_exists, check_pair, check_profiling, default_id, non_empty_path,
     non_negative, parse_labels, positive, register_profiling,
@@ -492,15 +492,6 @@ pub struct LeaseCounting {
     pub namespace: String,
     /// `--lease-label`, parsed.
     pub selector: BTreeMap<String, String>,
-}
-
-/// An HTTP listener (health, admin).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listener {
-    /// Bind address; empty: all interfaces.
-    pub bind_address: String,
-    /// Port.
-    pub port: u16,
 }
 
 /// proxy-agent's validated, typed options.

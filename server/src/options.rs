@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use konn_core::app::Options;
-pub use konn_core::cli::common::Unsupported;
+pub use konn_core::cli::common::{Listener, Unsupported};
 use konn_core::cli::common::{
     channel_size, check_exists, check_pair, check_profiling, count, default_id, non_empty_path,
     non_negative, parse_labels, register_profiling,
@@ -798,15 +798,6 @@ pub struct LeaseController {
     pub namespace: String,
     /// `--lease-label`, parsed.
     pub labels: BTreeMap<String, String>,
-}
-
-/// An HTTP listener (health, admin).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listener {
-    /// Bind address; empty: all interfaces.
-    pub bind_address: String,
-    /// Port.
-    pub port: u16,
 }
 
 /// One `--proxy-strategies` entry.

@@ -4,8 +4,8 @@
 //! functions repeat in both (file flags, cert/key pairs, `--lease-label`,
 //! profiling, `--xfr-channel-size`), konn's own duration and count checks,
 //! their one error type [`FlagError`], the `--server-id` / `--agent-id`
-//! default, and the [`Unsupported`] notice for flags konn accepts but
-//! cannot run yet.
+//! default, the health and admin [`Listener`]s both have, and the
+//! [`Unsupported`] notice for flags konn accepts but cannot run yet.
 //!
 //! Each binary's error enum wraps [`FlagError`] and adds the rules only it
 //! has (`--mode`, ports, strategies, …).
@@ -123,6 +123,15 @@ impl From<EngineError> for FlagError {
     fn from(e: EngineError) -> Self {
         Self::Engine(e)
     }
+}
+
+/// An HTTP listener (health, admin).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// Bind address; empty: all interfaces.
+    pub bind_address: String,
+    /// Port.
+    pub port: u16,
 }
 
 /// A feature konn accepts on the command line but cannot run yet; the
