@@ -1,10 +1,7 @@
 //! Counting heap allocations per thread, for the tests that prove a path
-//! does not allocate. A test binary installs the allocator:
-//!
-//! ```ignore
-//! #[global_allocator]
-//! static GLOBAL: konn_testkit::alloc::CountingAlloc = konn_testkit::alloc::CountingAlloc;
-//! ```
+//! does not allocate. A test binary installs [`CountingAlloc`] as its
+//! `#[global_allocator]` and measures with [`allocations_in`] (see
+//! `frames/tests/packet_alloc.rs`).
 //!
 //! Counts are per thread, so tests running in parallel threads do not
 //! disturb each other's.
