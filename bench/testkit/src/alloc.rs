@@ -1,7 +1,7 @@
 //! Counting heap allocations per thread, for the tests that prove a path
 //! does not allocate. A test binary installs [`CountingAlloc`] as its
-//! `#[global_allocator]` and measures with [`allocations_in`] (see
-//! `frames/tests/packet_alloc.rs`).
+//! `#[global_allocator]`, checks that with [`assert_counting`] and measures
+//! with [`allocations_in`] (see `frames/tests/packet_alloc.rs`).
 //!
 //! Counts are per thread, so tests running in parallel threads do not
 //! disturb each other's.
@@ -32,6 +32,15 @@ pub fn allocations_in<T>(f: impl FnOnce() -> T) -> (u64, T) {
     let before = allocations();
     let out = f();
     (allocations() - before, out)
+}
+
+/// Panics unless [`CountingAlloc`] is this test binary's global allocator:
+/// the guard of every "does not allocate" test against a counter that never
+/// counts.
+pub fn assert_counting() {
+    let (n, boxed) = allocations_in(|| std::hint::black_box(Box::new(7u64)));
+    drop(boxed);
+    assert_eq!(n, 1, "CountingAlloc is not this binary's global allocator");
 }
 
 // SAFETY: every method forwards to `System` with the caller's arguments
