@@ -1,8 +1,10 @@
 //! # konn-testkit: what the test suites of konn share
 //!
 //! The acceptance suites of proxy-server and proxy-agent (`server/tests`,
-//! `agent/tests`), konn-core's socket tests, and konn-bench's demo and
-//! harness use these tools; nothing here runs in production.
+//! `agent/tests`), the socket and allocation tests of konn-core and
+//! konn-frames (a dev-dependency cycle, which cargo allows), and
+//! konn-bench's demo and harness use these tools; nothing here runs in
+//! production.
 //!
 //! - [`alloc`]: a global allocator counting each thread's allocations.
 //! - [`ports`]: free ports for listeners of child processes and addresses
@@ -19,7 +21,7 @@
 //! - [`connect`]: an HTTP CONNECT frontend client, as kube-apiserver dials.
 //! - [`relay`]: a TCP load balancer whose connections can be cut.
 //! - [`bulk`]: [`Pattern`], [`Sha256`]: reproducible bulk data and its digest.
-//! - [`engine_flag`]: the `--io-engine` value that runs a test on an engine.
+//! - [`engine_flag`]: the io engine setting that runs a test on an engine.
 
 pub mod alloc;
 pub mod bulk;
