@@ -7,6 +7,8 @@
 //! the wiring around it.
 //!
 //! - [`options`]: the command line (every upstream v0.36 flag, konn's own).
+//! - [`settings`]: the run-time settings the options map onto (tests build
+//!   them directly).
 //! - [`conn`]: one tunnel on a socket, with the endpoints it relays.
 //! - [`client`]: opening a tunnel (dial, TLS, HTTP/2, the Connect call).
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints.
@@ -20,5 +22,6 @@ pub mod health;
 pub mod metrics;
 pub mod options;
 pub mod run;
+pub mod settings;
 
 pub use error::Error;

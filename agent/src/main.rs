@@ -1,5 +1,6 @@
-//! proxy-agent: parses upstream's flags, sets up klog-style logging,
-//! validates the options, starts the agent and handles shutdown signals as
+//! proxy-agent: parses upstream's flags, sets up klog-style logging and
+//! validates the options (the start-up sequence of `konn_core::app`),
+//! starts the agent and handles shutdown signals as
 //! upstream does: the first SIGTERM/SIGINT drains (DRAIN to every server,
 //! no new server connections, tunnels keep serving), the second exits.
 //!
@@ -14,52 +15,19 @@
 use std::process::ExitCode;
 
 use konn_agent::options::{self, AgentOptions};
-use konn_agent::run::{self, AgentSettings};
-use konn_core::io::signals::{block_shutdown_signals, wait_shutdown_signal};
-use konn_core::log::{LogConfig, tracing};
+use konn_agent::run;
+use konn_agent::settings::AgentSettings;
+use konn_core::app;
+use konn_core::io::signals::wait_shutdown_signal;
+use konn_core::log::tracing;
 
 konn_core::mimalloc_global_allocator!();
 
 fn main() -> ExitCode {
-    // First, so every thread started later (logging, workers) inherits it.
-    if let Err(err) = block_shutdown_signals() {
-        eprintln!("Error: cannot block SIGTERM/SIGINT: {err}");
-        return ExitCode::FAILURE;
-    }
-    let mut cmd = options::command();
-    let positional = cmd.parse_or_exit(std::env::args_os().skip(1));
-    let flags = cmd.flags();
-
-    let log = LogConfig::from_flags(flags);
-    if let Err(err) = konn_core::log::init(&log, options::PROGRAM) {
-        eprintln!("Error: {err}");
-        return ExitCode::FAILURE;
-    }
-    if !positional.is_empty() {
-        tracing::warn!(
-            ?positional,
-            "ignoring positional arguments (upstream ignores them too)"
-        );
-    }
-    tracing::info!("flags: {}", flags.summary());
-
-    let opts = match AgentOptions::from_flags(flags) {
+    let opts: AgentOptions = match app::start(options::command(), options::PROGRAM, "agent") {
         Ok(opts) => opts,
-        Err(err) => {
-            tracing::error!("failed to validate agent options: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    for warning in &opts.warnings {
-        tracing::warn!("{warning}");
-    }
-    let unsupported = opts.unsupported_features();
-    if !unsupported.is_empty() {
-        for feature in &unsupported {
-            tracing::error!(flags = feature.flags, "{feature}");
-        }
-        return ExitCode::FAILURE;
-    }
     let settings = match AgentSettings::from_options(&opts) {
         Ok(s) => s,
         Err(err) => {

@@ -23,14 +23,19 @@
 //!   (upstream would spin or hand grpc-go a negative time).
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use konn_core::app::Options;
+pub use konn_core::cli::common::{Listener, Unsupported};
+use konn_core::cli::common::{
+    channel_size, check_exists, check_pair, check_profiling, default_id, non_empty_path,
+    non_negative, parse_labels, positive, register_profiling,
+};
 use konn_core::cli::engine::EngineFlags;
-use konn_core::cli::{Command, FlagSet, GoDuration, random_uuid};
+use konn_core::cli::{Command, FlagSet, GoDuration};
 use konn_core::log::LogConfig;
+use konn_frames::url;
 
 use crate::Error;
 
@@ -46,9 +51,6 @@ pub const AGENT_ID_ENV: &str = "PROXY_AGENT_ID";
 
 /// Identifier types the agent may announce (`--agent-identifiers` keys).
 pub const IDENTIFIER_TYPES: [&str; 5] = ["ipv4", "ipv6", "host", "cidr", "default-route"];
-
-/// Go's `net/url` limit on query parameters (`urlmaxqueryparams`).
-const MAX_QUERY_PARAMS: usize = 10_000;
 
 /// Builds proxy-agent's command line, reading `PROXY_AGENT_ID` from the
 /// process environment.
@@ -134,10 +136,7 @@ impl AgentFlags {
     /// from `env("PROXY_AGENT_ID")` when set and non-empty, else a random
     /// UUID.
     pub fn defaults(env: &dyn Fn(&str) -> Option<String>) -> Self {
-        let agent_id = env(AGENT_ID_ENV)
-            .filter(|id| !id.is_empty())
-            .or_else(random_uuid)
-            .unwrap_or_else(|| format!("konn-{}", std::process::id()));
+        let agent_id = default_id(env, AGENT_ID_ENV);
         Self {
             agent_cert: String::new(),
             agent_key: String::new(),
@@ -226,16 +225,7 @@ impl AgentFlags {
             &self.admin_bind_address,
             "Address the admin server binds to.",
         );
-        f.add_bool(
-            "enable-profiling",
-            self.enable_profiling,
-            "Serve Go pprof on the admin port (upstream; konn has no pprof and logs a warning).",
-        );
-        f.add_bool(
-            "enable-contention-profiling",
-            self.enable_contention_profiling,
-            "Enable lock contention profiling (upstream; requires --enable-profiling).",
-        );
+        register_profiling(f, self.enable_profiling, self.enable_contention_profiling);
         f.add_string(
             "agent-id",
             &self.agent_id,
@@ -386,12 +376,8 @@ impl AgentFlags {
                 return Err(Error::PortNotPositive { flag, port });
             }
         }
-        if self.xfr_channel_size <= 0 {
-            return Err(Error::ChannelSize(self.xfr_channel_size));
-        }
-        if self.enable_contention_profiling && !self.enable_profiling {
-            return Err(Error::ContentionWithoutProfiling);
-        }
+        let xfr_channel_size = channel_size(self.xfr_channel_size)?;
+        check_profiling(self.enable_profiling, self.enable_contention_profiling)?;
         if self.sync_interval > self.sync_interval_cap {
             return Err(Error::SyncIntervalAboveCap {
                 interval: self.sync_interval,
@@ -473,7 +459,7 @@ impl AgentFlags {
             },
             enable_profiling: self.enable_profiling,
             enable_contention_profiling: self.enable_contention_profiling,
-            xfr_channel_size: usize::try_from(self.xfr_channel_size).unwrap_or(usize::MAX),
+            xfr_channel_size,
             warn_on_channel_limit: self.warn_on_channel_limit,
             engine,
             warnings,
@@ -506,30 +492,6 @@ pub struct LeaseCounting {
     pub namespace: String,
     /// `--lease-label`, parsed.
     pub selector: BTreeMap<String, String>,
-}
-
-/// An HTTP listener (health, admin).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listener {
-    /// Bind address; empty: all interfaces.
-    pub bind_address: String,
-    /// Port.
-    pub port: u16,
-}
-
-/// A feature konn accepts on the command line but cannot run yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unsupported {
-    /// The flags that ask for it.
-    pub flags: &'static str,
-    /// What to tell the operator.
-    pub message: &'static str,
-}
-
-impl fmt::Display for Unsupported {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.message)
-    }
 }
 
 /// proxy-agent's validated, typed options.
@@ -591,68 +553,52 @@ pub struct AgentOptions {
     pub warnings: Vec<String>,
 }
 
-impl AgentOptions {
-    /// Reads and validates every flag of a parsed [`command`].
-    ///
-    /// # Errors
-    ///
-    /// The first invalid value.
-    pub fn from_flags(flags: &FlagSet) -> Result<Self, Error> {
-        let engine = EngineFlags::from_flags(flags).map_err(Error::Engine)?;
+/// `--count-server-leases`: konn cannot read the Lease API yet.
+const LEASE_COUNTING: Unsupported = Unsupported {
+    flags: "--count-server-leases",
+    message: "counting proxy-servers by their Leases (--count-server-leases) is not supported yet by konn; \
+              it needs the Kubernetes Lease API. The agent learns the server count from the servers without it.",
+};
+
+/// How the start-up sequence (`konn_core::app`) reads and checks them;
+/// `AgentOptions::from_flags` reads and validates every flag of a parsed
+/// [`command`].
+impl Options for AgentOptions {
+    type Error = Error;
+
+    fn validate(flags: &FlagSet, engine: EngineFlags) -> Result<Self, Error> {
         AgentFlags::from_flags(flags).validate(engine)
     }
 
-    /// Features requested by the flags that konn does not implement yet;
-    /// the binary refuses to start when this is not empty.
-    pub fn unsupported_features(&self) -> Vec<Unsupported> {
-        let mut out = Vec::new();
-        if self.lease_counting.is_some() {
-            out.push(Unsupported {
-                flags: "--count-server-leases",
-                message: "counting proxy-servers by their Leases (--count-server-leases) is not supported yet by konn; \
-                          it needs the Kubernetes Lease API. The agent learns the server count from the servers without it.",
-            });
-        }
-        out
+    fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    fn unsupported_features(&self) -> Vec<Unsupported> {
+        self.lease_counting.iter().map(|_| LEASE_COUNTING).collect()
     }
 }
 
-/// Go's `net/url.ParseQuery`, keeping keys and values in input order:
-/// `&`-separated `key=value` settings, empty settings skipped, `%XX` and `+`
-/// decoded. A setting with a `;` is an error (and that error wins over a bad
-/// escape, as in Go); otherwise the first bad escape is reported. Then
-/// every key must be an identifier type the agent knows.
+/// Go's `net/url.ParseQuery` (`konn_frames::url::parse_query`: settings in
+/// input order, `%XX` and `+` decoded, Go's rules for which error is
+/// reported), then every key must be an identifier type the agent knows.
+/// Decoded bytes that are not UTF-8 are replaced (only keys are compared,
+/// and valid keys are ASCII).
 ///
 /// # Errors
 ///
 /// [`Error::AgentIdentifiers`] with Go's wording of the problem.
 pub fn parse_agent_identifiers(query: &str) -> Result<Vec<(String, String)>, Error> {
-    if query.matches('&').count() + 1 > MAX_QUERY_PARAMS {
-        return Err(Error::AgentIdentifiers(
-            "number of URL query parameters exceeded limit".to_owned(),
-        ));
-    }
-    let mut pairs = Vec::new();
-    let mut err: Option<String> = None;
-    for setting in query.split('&') {
-        if setting.contains(';') {
-            err = Some("invalid semicolon separator in query".to_owned());
-            continue;
-        }
-        if setting.is_empty() {
-            continue;
-        }
-        let (k, v) = setting.split_once('=').unwrap_or((setting, ""));
-        match (query_unescape(k), query_unescape(v)) {
-            (Ok(k), Ok(v)) => pairs.push((k, v)),
-            (Err(e), _) | (_, Err(e)) => {
-                err.get_or_insert(e);
-            }
-        }
-    }
-    if let Some(e) = err {
-        return Err(Error::AgentIdentifiers(e));
-    }
+    let settings = url::parse_query(query).map_err(|e| Error::AgentIdentifiers(e.to_string()))?;
+    let pairs: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| {
+            (
+                String::from_utf8_lossy(k).into_owned(),
+                String::from_utf8_lossy(v).into_owned(),
+            )
+        })
+        .collect();
     if let Some((key, _)) = pairs
         .iter()
         .find(|(k, _)| !IDENTIFIER_TYPES.contains(&k.as_str()))
@@ -665,114 +611,6 @@ pub fn parse_agent_identifiers(query: &str) -> Result<Vec<(String, String)>, Err
     Ok(pairs)
 }
 
-/// Go's `url.QueryUnescape`: `%XX` → byte, `+` → space. The result may
-/// contain invalid UTF-8 in Go; konn replaces such bytes (only keys are
-/// compared, and valid keys are ASCII).
-fn query_unescape(s: &str) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = |c: u8| (c as char).to_digit(16);
-                match (
-                    b.get(i + 1).and_then(|&c| hex(c)),
-                    b.get(i + 2).and_then(|&c| hex(c)),
-                ) {
-                    (Some(h), Some(l)) => {
-                        out.push(u8::try_from(h * 16 + l).unwrap_or(0));
-                        i += 3;
-                    }
-                    _ => {
-                        let end = (i + 3).min(b.len());
-                        let bad = String::from_utf8_lossy(&b[i..end]);
-                        return Err(format!("invalid URL escape {bad:?}"));
-                    }
-                }
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    Ok(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// Upstream's `os.Stat` + `os.IsNotExist` check: only a missing file fails.
-fn check_exists(flag: &'static str, path: &str) -> Result<(), Error> {
-    if path.is_empty() {
-        return Ok(());
-    }
-    match std::fs::metadata(path) {
-        Err(source) if source.kind() == io::ErrorKind::NotFound => Err(Error::FileMissing {
-            flag,
-            path: path.to_owned(),
-            source,
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// When `set` is non-empty its file must exist and `other` must be set.
-fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<(), Error> {
-    if set.1.is_empty() {
-        return Ok(());
-    }
-    check_exists(set.0, set.1)?;
-    if other.1.is_empty() {
-        return Err(Error::IncompletePair {
-            set: set.0,
-            value: set.1.to_owned(),
-            missing: other.0,
-        });
-    }
-    Ok(())
-}
-
-/// Upstream's `ParseLabels`: `k=v[,k=v...]`, each pair exactly one `=`,
-/// keys and values trimmed; empty input is an error.
-pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, String>, Error> {
-    if s.is_empty() {
-        return Err(Error::InvalidLabels {
-            flag,
-            problem: "must not be empty".to_owned(),
-        });
-    }
-    let mut out = BTreeMap::new();
-    for pair in s.split(',') {
-        let parts: Vec<&str> = pair.split('=').collect();
-        let [k, v] = parts[..] else {
-            return Err(Error::InvalidLabels {
-                flag,
-                problem: format!("invalid label {pair:?}: want key=value"),
-            });
-        };
-        out.insert(k.trim().to_owned(), v.trim().to_owned());
-    }
-    Ok(out)
-}
-
 fn port_u16(flag: &'static str, port: i64) -> Result<u16, Error> {
     u16::try_from(port).map_err(|_| Error::PortTooLarge { flag, port })
-}
-
-fn positive(flag: &'static str, d: GoDuration) -> Result<Duration, Error> {
-    match d.to_std() {
-        Some(v) if !v.is_zero() => Ok(v),
-        _ => Err(Error::NotPositive { flag, value: d }),
-    }
-}
-
-fn non_negative(flag: &'static str, d: GoDuration) -> Result<Duration, Error> {
-    d.to_std().ok_or(Error::NegativeDuration { flag, value: d })
-}
-
-fn non_empty_path(s: &str) -> Option<PathBuf> {
-    (!s.is_empty()).then(|| PathBuf::from(s))
 }

@@ -9,6 +9,7 @@
 //! `--lease-label-selector` rename is on upstream's master only).
 
 use konn_agent::options::{self, AgentFlags, AgentOptions};
+use konn_core::app::Options as _;
 use konn_core::cli::{Outcome, Section};
 
 /// (name, pflag type, default as rendered) of every upstream flag.

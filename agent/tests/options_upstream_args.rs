@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use konn_agent::options::{self, AgentOptions, ServerCountSource};
+use konn_core::app::Options as _;
 use konn_core::cli::{Outcome, Section};
 
 /// Every upstream proxy-agent flag with its default as pflag renders it.

@@ -2,14 +2,14 @@
 //! rejected), konn's additional checks, the typed result and the features
 //! konn refuses at start.
 
-mod options_common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
 use konn_agent::Error;
 use konn_agent::options::{self, AgentOptions, ServerCountSource, parse_agent_identifiers};
-use options_common::{TempFile, missing_path};
+use konn_core::app::Options as _;
+use konn_core::cli::common::FlagError;
+use konn_testkit::files::{TempFile, missing_path};
 
 fn validate(args: &[&str]) -> Result<AgentOptions, Error> {
     let mut cmd = options::command_with_env(|_| None);
@@ -34,7 +34,7 @@ fn files_must_exist() {
     ] {
         let arg = format!("--{flag}={missing}");
         match err(validate(&[&arg])) {
-            Error::FileMissing { flag: f, path, .. } => {
+            Error::Flag(FlagError::FileMissing { flag: f, path, .. }) => {
                 assert_eq!(f, flag);
                 assert_eq!(path, missing);
             }
@@ -55,9 +55,9 @@ fn cert_and_key_come_in_pairs() {
     for (set, missing) in [("agent-key", "agent-cert"), ("agent-cert", "agent-key")] {
         let arg = format!("--{set}={}", f.path());
         match err(validate(&[&arg])) {
-            Error::IncompletePair {
+            Error::Flag(FlagError::IncompletePair {
                 set: s, missing: m, ..
-            } => assert_eq!((s, m), (set, missing)),
+            }) => assert_eq!((s, m), (set, missing)),
             other => panic!("{set}: {other}"),
         }
     }
@@ -118,12 +118,15 @@ fn ports_must_be_positive() {
 fn channel_size_and_profiling() {
     for bad in ["0", "-5"] {
         let arg = format!("--xfr-channel-size={bad}");
-        assert!(matches!(err(validate(&[&arg])), Error::ChannelSize(_)));
+        assert!(matches!(
+            err(validate(&[&arg])),
+            Error::Flag(FlagError::ChannelSize(_))
+        ));
     }
     assert_eq!(validate(&[]).unwrap().xfr_channel_size, 150);
     assert!(matches!(
         err(validate(&["--enable-contention-profiling"])),
-        Error::ContentionWithoutProfiling
+        Error::Flag(FlagError::ContentionWithoutProfiling)
     ));
     let o = validate(&["--enable-contention-profiling", "--enable-profiling"]).unwrap();
     assert_eq!(o.warnings.len(), 1);
@@ -161,7 +164,7 @@ fn konn_duration_checks() {
     ] {
         let e = err(validate(args));
         assert!(
-            matches!(e, Error::NotPositive { flag: f, .. } if f == flag),
+            matches!(e, Error::Flag(FlagError::NotPositive { flag: f, .. }) if f == flag),
             "{args:?}: {e}"
         );
     }
@@ -172,10 +175,10 @@ fn konn_duration_checks() {
     assert!(
         matches!(
             e,
-            Error::NotPositive {
+            Error::Flag(FlagError::NotPositive {
                 flag: "sync-interval",
                 ..
-            }
+            })
         ),
         "{e}"
     );
@@ -183,10 +186,10 @@ fn konn_duration_checks() {
     assert!(
         matches!(
             e,
-            Error::NegativeDuration {
+            Error::Flag(FlagError::NegativeDuration {
                 flag: "keepalive-time",
                 ..
-            }
+            })
         ),
         "{e}"
     );
@@ -268,10 +271,10 @@ fn lease_counting() {
         assert!(
             matches!(
                 e,
-                Error::InvalidLabels {
+                Error::Flag(FlagError::InvalidLabels {
                     flag: "lease-label",
                     ..
-                }
+                })
             ),
             "{bad:?}: {e}"
         );
@@ -367,5 +370,5 @@ fn kind_example_configuration() {
 #[test]
 fn engine_flags_are_validated_too() {
     let e = err(validate(&["--h2-stream-window=1"]));
-    assert!(matches!(e, Error::Engine(_)), "{e}");
+    assert!(matches!(e, Error::Flag(FlagError::Engine(_))), "{e}");
 }

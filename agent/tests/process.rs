@@ -110,7 +110,7 @@ fn run_the_binary(extra: &[&str]) {
     let dir = TempDir::new("process");
     let pki = pki();
     let ca_path = dir.path("ca.crt");
-    std::fs::write(&ca_path, &pki.ca).unwrap();
+    std::fs::write(&ca_path, &pki.ca_cert).unwrap();
     let server = ServerSpec {
         tls: Some(server_tls(&pki)),
         server_id: "process-server",

@@ -232,7 +232,7 @@ fn tls_to_the_server_and_a_certificate_it_does_not_trust() {
         };
         let fds = open_fds();
         let mut settings = agent_settings(engine, address.clone(), "agent-untrusting");
-        settings.connect.tls = Some(client(&other.ca));
+        settings.connect.tls = Some(client(&other.ca_cert));
         settings.sync.interval = Duration::from_millis(20);
         settings.sync.interval_cap = Duration::from_millis(40);
         let agent = run::start(settings).unwrap();
@@ -247,7 +247,7 @@ fn tls_to_the_server_and_a_certificate_it_does_not_trust() {
         assert_fds_back_to(fds, "after failed TLS attempts");
 
         let mut settings = agent_settings(engine, address, "agent-trusting");
-        settings.connect.tls = Some(client(&good.ca));
+        settings.connect.tls = Some(client(&good.ca_cert));
         let agent = run::start(settings).unwrap();
         assert!(wait_until(T, || agent.is_ready() && server.backends() == 1));
         assert_eq!(agent.status().failures, 0);

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use konn_agent::Error;
 use konn_agent::options::{self, AgentOptions};
-use konn_agent::run::{AgentSettings, DIAL_TIMEOUT, SERVER_CONNECT_TIMEOUT};
+use konn_agent::settings::{AgentSettings, DIAL_TIMEOUT, SERVER_CONNECT_TIMEOUT};
+use konn_core::app::Options as _;
 use konn_core::cli::Outcome;
 use konn_core::io::runtime::IoEngine;
 use konn_protocol::agent::sync::DEFAULT_HEADER_TIMEOUT;
@@ -40,7 +41,7 @@ fn files() -> Files {
         p.display().to_string()
     };
     Files {
-        ca: write("ca.crt", &pki.ca),
+        ca: write("ca.crt", &pki.ca_cert),
         // Any certificate and key will do for building the client side.
         cert: write("agent.crt", &pki.server_cert),
         key: write("agent.key", &pki.server_key),

@@ -10,7 +10,6 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use konn_agent::client::{ConnectParams, open_tunnel};
 use konn_agent::conn::{TunnelEvent, TunnelSettings};
-use konn_bench::fds::open_fds;
 use konn_core::io::driver::{ConnHandle, DriverConfig, Handler};
 use konn_core::io::notify::Notify;
 use konn_core::io::pool::{BufPool, MemoryBudget, PoolConfig};
@@ -19,6 +18,7 @@ use konn_frames::GrpcStatus;
 use konn_frames::packet::{ByteStr, Packet};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::{Config, Connection, Headers, Role};
+use konn_testkit::fds::open_fds;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpListener;
 

@@ -8,11 +8,13 @@
 //!   pump bytes between sockets and the state machines.
 //! - `cli`, `log`, `metrics`, `http1`: the operator surface (pflag-style
 //!   flags, klog-style logging, Prometheus metrics, the health/admin HTTP
-//!   server).
+//!   server); `app`: the start-up sequence both binaries share (signals,
+//!   flags, logging, validated options).
 //!
 //! Errors of every module are [`Error`]; it wraps `konn_protocol::Error`.
 
 pub mod alloc;
+pub mod app;
 pub mod cli;
 pub mod error;
 pub mod http1;

@@ -16,6 +16,7 @@ use konn_core::io::tls::TlsLayer;
 use konn_frames::GrpcStatus;
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::{Config, Connection, Headers, Role};
+use konn_testkit::fds::{open_fds, serial};
 use monoio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tls_support::{Pki, TempDir};
 
@@ -32,20 +33,6 @@ fn on_engines(f: impl Fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>) {
         .build()
         .expect("epoll runtime")
         .block_on(f());
-}
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-/// Tests that count the process's descriptors run one at a time.
-#[allow(clippy::disallowed_types)] // a test-only lock, not on any data path
-static FD_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn fd_guard() -> std::sync::MutexGuard<'static, ()> {
-    FD_LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn now() -> std::time::Instant {
@@ -180,7 +167,7 @@ where
 
 #[test]
 fn grpc_echo_over_tcp_plaintext() {
-    let _serial = fd_guard();
+    let _serial = serial();
     let before = open_fds();
     on_engines(|| {
         Box::pin(async {
@@ -201,7 +188,7 @@ fn grpc_echo_over_tcp_plaintext() {
 
 #[test]
 fn grpc_echo_over_unix_socket() {
-    let _serial = fd_guard();
+    let _serial = serial();
     let before = open_fds();
     let dir = TempDir::new();
     let path = dir.path().join("grpc.sock");
@@ -225,7 +212,7 @@ fn grpc_echo_over_unix_socket() {
 
 #[test]
 fn grpc_echo_over_mtls() {
-    let _serial = fd_guard();
+    let _serial = serial();
     let before = open_fds();
     let pki = Pki::new();
     on_engines(|| {
@@ -248,7 +235,7 @@ fn grpc_echo_over_mtls() {
 
 #[test]
 fn unknown_method_is_unimplemented() {
-    let _serial = fd_guard();
+    let _serial = serial();
     on_engines(|| {
         Box::pin(async {
             let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -288,7 +275,7 @@ fn unknown_method_is_unimplemented() {
 
 #[test]
 fn peer_vanishing_ends_calls_unavailable() {
-    let _serial = fd_guard();
+    let _serial = serial();
     on_engines(|| {
         Box::pin(async {
             let listener = TcpListener::bind("127.0.0.1:0").unwrap();

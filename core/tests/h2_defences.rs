@@ -15,13 +15,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use h2_support::engines;
 use h2_support::raw::{self, RawClient, RawFrame};
 use h2_support::server::{App, ServerOpts, TestServer, Work};
-use h2_support::{assert_fds_back_to, engines, fd_guard, open_fds};
 use konn_core::io::runtime::Engine;
 use konn_frames::h2::{FrameType, MAX_WINDOW_SIZE, PREFACE, SettingId, flags};
 use konn_frames::{Reason, hpack};
 use konn_protocol::h2::{Keepalive, PingPolicy};
+use konn_testkit::fds::{assert_fds_back_to, open_fds, serial};
 
 /// MAX_CONCURRENT_STREAMS of the servers under attack.
 const MCS: u32 = 100;
@@ -40,7 +41,7 @@ fn now() -> Instant {
 /// Afterwards the server must become idle, and once it is stopped the
 /// descriptors must be back to where they were.
 fn under_every_engine(opts: impl Fn() -> ServerOpts, attack: impl Fn(Engine, &TestServer)) {
-    let _serial = fd_guard();
+    let _serial = serial();
     for engine in engines() {
         let before = open_fds();
         let started = now();

@@ -13,6 +13,7 @@ use konn_core::{
         runtime::{Engine, StopToken, Stopper, run_on_each_engine},
     },
 };
+use konn_testkit::fds::{open_fds, serial};
 use monoio::{
     io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt},
     net::TcpStream,
@@ -21,20 +22,6 @@ use monoio::{
 };
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Tests here count the process's descriptors, so they must not overlap.
-#[allow(clippy::disallowed_types)] // a test-only lock around fd counting
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
 
 fn router() -> Router {
     Router::new()

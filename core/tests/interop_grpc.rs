@@ -42,6 +42,7 @@ use konn_core::io::tls::{ClientTlsOptions, PemSource, ServerTlsOptions, TlsLayer
 use konn_frames::GrpcStatus;
 use konn_protocol::grpc::Grpc;
 use konn_protocol::h2::{Config, Connection, Role};
+use konn_testkit::fds::{fd_targets, serial};
 use monoio::net::UnixStream;
 use tls_support::{Pki, TempDir};
 
@@ -130,34 +131,6 @@ impl Certs {
     }
 }
 
-/// The process's open descriptors and what they point to.
-fn open_fds() -> Vec<String> {
-    let mut fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| {
-                    let target = std::fs::read_link(e.path()).unwrap_or_default();
-                    format!(
-                        "{} -> {}",
-                        e.file_name().to_string_lossy(),
-                        target.display()
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    fds.sort();
-    fds
-}
-
-/// The cases count the process's descriptors, so they run one at a time.
-#[allow(clippy::disallowed_types)] // a test-only lock, not on any data path
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn now() -> std::time::Instant {
     konn_core::io::clock::now()
 }
@@ -182,12 +155,12 @@ where
         eprintln!("note: io_uring unavailable here; running {name} on epoll only");
     }
     for engine in engines {
-        let before = open_fds();
+        let before = fd_targets();
         let started = now();
         block_on(engine, case(engine)).unwrap();
         eprintln!("{name} [{engine}]: {:.2?}", now() - started);
         // Fewer is fine: leftovers of an earlier failed case may go away.
-        let after = open_fds();
+        let after = fd_targets();
         assert!(
             after.len() <= before.len(),
             "{name} [{engine}]: descriptors leaked: before {before:#?}, after {after:#?}"

@@ -3,8 +3,6 @@
 //! per-core and global update paths never allocate.
 
 use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    cell::Cell,
     sync::{Arc, Barrier, mpsc},
     time::Duration,
 };
@@ -14,52 +12,9 @@ use konn_core::{
     metrics::{CounterVec, GaugeVec, HistogramVec, Registry},
 };
 
-/// Counts allocations per thread so parallel tests do not disturb each
-/// other.
-struct CountingAlloc;
+use konn_testkit::alloc::{CountingAlloc, allocations, assert_counting};
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count_one() {
-    // `try_with`: the thread-local may already be gone while a thread exits.
-    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-}
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
-
-// SAFETY: every method forwards to the system allocator unchanged; the
-// counter is a const-initialised thread-local without a destructor, so
-// touching it never allocates.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_one();
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
+/// Counts each thread's allocations (konn-testkit's).
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
 
@@ -102,11 +57,7 @@ fn sample(text: &str, series: &str) -> f64 {
 
 #[test]
 fn the_counter_sees_allocations() {
-    // Guards the no-allocation test against a counter that never counts.
-    let before = allocations();
-    let boxed = std::hint::black_box(Box::new(7u64));
-    assert_eq!(allocations() - before, 1);
-    drop(boxed);
+    assert_counting();
 }
 
 #[test]

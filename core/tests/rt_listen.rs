@@ -25,24 +25,10 @@ use konn_core::{
         xcore::Mesh,
     },
 };
+use konn_testkit::fds::{open_fds, serial};
 use monoio::net::TcpStream;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Tests in this file count the process's descriptors, so they must not
-/// overlap with each other.
-#[allow(clippy::disallowed_types)] // a test-only lock around fd counting
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
 
 #[test]
 fn reuseport_listeners_serve_one_port_on_every_worker() {

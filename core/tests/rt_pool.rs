@@ -1,11 +1,7 @@
 //! Buffer pool: zero allocation once warm, reuse across threads, budget
 //! waits, monoio reads into pooled buffers under every engine.
 
-use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    cell::Cell,
-    time::Duration,
-};
+use std::time::Duration;
 
 use bytes::{BufMut, Bytes};
 use konn_core::io::{
@@ -14,52 +10,9 @@ use konn_core::io::{
 };
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 
-/// Counts allocations per thread, so tests running in parallel do not
-/// disturb each other's counts.
-struct CountingAlloc;
+use konn_testkit::alloc::{CountingAlloc, allocations, assert_counting};
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count_one() {
-    // `try_with`: the thread-local may already be gone while a thread exits.
-    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-}
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
-
-// SAFETY: every method forwards to the system allocator unchanged; the
-// counter is a const-initialised thread-local without a destructor, so
-// touching it never allocates.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_one();
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
+/// Counts each thread's allocations (konn-testkit's).
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
 
@@ -93,11 +46,7 @@ fn cycle(pool: &BufPool, round: u64) -> u64 {
 
 #[test]
 fn the_counter_sees_allocations() {
-    // Guards the tests below against a counter that never counts.
-    let before = allocations();
-    let boxed = std::hint::black_box(Box::new(7u64));
-    assert_eq!(allocations() - before, 1);
-    drop(boxed);
+    assert_counting();
     let (_budget, pool) = small_pool(4);
     let before = allocations();
     let buf = pool.try_acquire().unwrap();

@@ -217,6 +217,19 @@ pub enum Error {
     ConnectBadHeader,
     /// The CONNECT target is not in authority form (`host:port`).
     ConnectBadTarget,
+
+    // ----- URL parts (Go's net/url) -----
+    /// A `%` not followed by two hex digits (Go's `EscapeError`).
+    UrlInvalidEscape {
+        /// The `%` and up to two bytes after it, as Go reports them.
+        escape: [u8; 3],
+        /// How many bytes of `escape` are used.
+        len: u8,
+    },
+    /// A query setting containing `;` (Go refuses it since 1.17).
+    UrlSemicolon,
+    /// More query settings than `url.ParseQuery` accepts.
+    UrlTooManyParams,
 }
 
 impl Error {
@@ -394,6 +407,16 @@ impl core::fmt::Display for Error {
             Self::ConnectBadVersion => f.write_str("unsupported HTTP version"),
             Self::ConnectBadHeader => f.write_str("malformed HTTP header field"),
             Self::ConnectBadTarget => f.write_str("CONNECT target is not host:port"),
+            Self::UrlInvalidEscape { escape, len } => {
+                let escape = escape.get(..usize::from(len)).unwrap_or_default();
+                write!(
+                    f,
+                    "invalid URL escape {:?}",
+                    String::from_utf8_lossy(escape)
+                )
+            }
+            Self::UrlSemicolon => f.write_str("invalid semicolon separator in query"),
+            Self::UrlTooManyParams => f.write_str("number of URL query parameters exceeded limit"),
         }
     }
 }

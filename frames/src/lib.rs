@@ -17,6 +17,7 @@
 //!   request/response headers               packet:: ── Konnectivity `Packet`
 //!
 //!   connect:: ── HTTP/1.1 CONNECT request parser and response writer
+//!   url:: ── percent-decoding and query parsing as Go's net/url
 //! ```
 //!
 //! ## Rules this crate keeps
@@ -41,6 +42,7 @@ pub mod grpc;
 pub mod h2;
 pub mod hpack;
 pub mod packet;
+pub mod url;
 
 pub use codes::{GrpcStatus, Reason};
 pub use error::{Error, Scope};

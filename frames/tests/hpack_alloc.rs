@@ -3,54 +3,18 @@
 //! more blocks like them allocates nothing (no allocation per field or per
 //! dynamic table insertion).
 //!
-//! This is a separate test binary because it installs a global allocator.
-//! Implementing `GlobalAlloc` is the one `unsafe` it needs; the library
-//! itself stays `#![forbid(unsafe_code)]`.
-#![allow(unsafe_code)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+//! This is a separate test binary because it installs a global allocator
+//! (konn-testkit's, counting per thread).
 
 use konn_frames::hpack::{Decoder, Encoder, Field};
-
-/// Forwards to the system allocator, counting allocations per thread.
-struct Counting;
-
-thread_local! {
-    /// Allocations made by this thread. `const` initialisation and no
-    /// destructor, so touching it never allocates.
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments,
-// so `System`'s guarantees carry over unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        // SAFETY: forwarded contract of `GlobalAlloc::alloc`.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System` via this allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        // SAFETY: forwarded contract of `GlobalAlloc::realloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use konn_testkit::alloc::{CountingAlloc, allocations_in, assert_counting};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// Allocations `f` makes on this thread.
-fn allocations(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.with(Cell::get);
-    f();
-    ALLOCATIONS.with(Cell::get) - before
+fn allocations(f: impl FnOnce()) -> u64 {
+    allocations_in(f).0
 }
 
 /// A request list with Huffman-coded, literal and indexed fields; `n`
@@ -74,11 +38,7 @@ fn request(n: usize, id: &mut String) -> [Field<'_>; 8] {
 
 #[test]
 fn steady_state_decoding_and_encoding_do_not_allocate() {
-    // The counter works.
-    assert_eq!(
-        allocations(|| drop(std::hint::black_box(Vec::<u8>::with_capacity(1)))),
-        1
-    );
+    assert_counting();
 
     let mut enc = Encoder::new();
     let mut dec = Decoder::new(4096);

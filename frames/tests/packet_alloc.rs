@@ -2,73 +2,21 @@
 //! packet from a shared receive buffer and encoding one into a buffer with
 //! room make zero heap allocations.
 //!
-//! This needs a counting global allocator, and implementing `GlobalAlloc` is
-//! `unsafe`; that is why this test binary allows `unsafe_code`, which the
-//! `konn-frames` library itself forbids. The allocator only forwards to
-//! `System` and counts, per thread, so the other tests running in parallel
+//! The counting global allocator is konn-testkit's: it forwards to
+//! `System` and counts per thread, so the other tests running in parallel
 //! threads do not disturb the count.
-#![allow(unsafe_code)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 
 use bytes::{BufMut, BytesMut};
 use konn_frames::packet::{ByteStr, MAX_DATA_PAYLOAD, Packet, data_header_len, encode_data_header};
+use konn_testkit::alloc::{CountingAlloc, allocations_in, assert_counting};
 
-struct CountingAlloc;
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn count() {
-    // `try_with`: the slot may already be gone while a thread shuts down.
-    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged, so `System`'s guarantees carry over; counting touches only a
-// const-initialised thread-local `Cell`, which does not allocate.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded as is; the caller upholds `alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: `ptr` and `layout` come from this allocator, i.e. `System`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` and `layout` come from this allocator, i.e. `System`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
+/// Counts each thread's allocations (konn-testkit's).
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
 
-/// Heap allocations `f` makes on this thread.
-fn allocations<T>(f: impl FnOnce() -> T) -> (usize, T) {
-    let before = ALLOCATIONS.with(Cell::get);
-    let out = f();
-    (ALLOCATIONS.with(Cell::get) - before, out)
-}
-
 #[test]
 fn the_counter_counts() {
-    let (n, v) = allocations(|| vec![1u8; 10]);
-    assert_eq!(n, 1);
-    drop(v);
+    assert_counting();
 }
 
 #[test]
@@ -98,9 +46,9 @@ fn decoding_from_a_shared_buffer_does_not_allocate() {
     for p in &packets {
         p.encode(&mut rx);
         let frozen = rx.split().freeze();
-        let (n, decoded) = allocations(|| Packet::decode(&frozen));
+        let (n, decoded) = allocations_in(|| Packet::decode(&frozen));
         assert_eq!(n, 0, "decoding {:?} allocated", p.ty());
-        let (n, ()) = allocations(|| drop(decoded));
+        let (n, ()) = allocations_in(|| drop(decoded));
         assert_eq!(n, 0);
     }
 }
@@ -117,9 +65,9 @@ fn a_vec_backed_buffer_allocates_its_shared_header_once() {
     let mut v = Vec::new();
     p.encode(&mut v);
     let buf = bytes::Bytes::from(v);
-    let (n, first) = allocations(|| Packet::decode(&buf));
+    let (n, first) = allocations_in(|| Packet::decode(&buf));
     assert_eq!(n, 1, "promotion to the shared representation");
-    let (n, second) = allocations(|| Packet::decode(&buf));
+    let (n, second) = allocations_in(|| Packet::decode(&buf));
     assert_eq!(n, 0);
     assert_eq!(first, second);
 }
@@ -133,7 +81,7 @@ fn encoding_into_a_buffer_with_room_does_not_allocate() {
         data: data.clone(),
     };
     let mut tx = BytesMut::with_capacity(4 * 16_384);
-    let (n, ()) = allocations(|| {
+    let (n, ()) = allocations_in(|| {
         packet.encode_grpc(&mut tx);
         encode_data_header(12, data.len(), &mut tx);
         tx.put_slice(&data);

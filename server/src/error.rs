@@ -1,34 +1,18 @@
 //! The crate's error type: why proxy-server refuses to start.
 
 use std::fmt;
-use std::io;
 
-use konn_core::cli::GoDuration;
-use konn_core::cli::engine::EngineError;
+use konn_core::cli::common::FlagError;
 
 /// Everything proxy-server refuses before it serves: a flag value upstream
 /// (or konn) rejects, a certificate that does not load, a listen address
 /// that does not resolve.
 #[derive(Debug)]
 pub enum Error {
-    /// A file flag names a path that does not exist.
-    FileMissing {
-        /// The flag.
-        flag: &'static str,
-        /// The path given.
-        path: String,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// One of a cert/key pair is set, the other is not.
-    IncompletePair {
-        /// The flag that is set.
-        set: &'static str,
-        /// Its value.
-        value: String,
-        /// The flag that is missing.
-        missing: &'static str,
-    },
+    /// A rule both binaries share: files, cert/key pairs, labels,
+    /// profiling, `--xfr-channel-size`, durations, counts, konn's engine
+    /// flags.
+    Flag(FlagError),
     /// `--mode` is neither `grpc` nor `http-connect`.
     InvalidMode(String),
     /// `--uds-name` with a non-zero `--server-port`.
@@ -51,8 +35,6 @@ pub enum Error {
         /// The value.
         port: i64,
     },
-    /// `--enable-contention-profiling` without `--enable-profiling`.
-    ContentionWithoutProfiling,
     /// Token authentication together with `--cluster-ca-cert`.
     TokenAuthWithClusterCa,
     /// Token authentication with one of its three flags empty.
@@ -61,8 +43,6 @@ pub enum Error {
     EmptyProxyStrategies,
     /// `--proxy-strategies` names an unknown strategy.
     UnknownProxyStrategy(String),
-    /// `--xfr-channel-size` ≤ 0.
-    ChannelSize(i64),
     /// `--tls-min-version` is not a Go TLS version name.
     UnknownTlsVersion(String),
     /// A `--cipher-suites` entry is refused.
@@ -72,29 +52,6 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// `--lease-label` does not parse.
-    InvalidLabels {
-        /// The flag.
-        flag: &'static str,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A duration that must not be negative is.
-    NegativeDuration {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        value: GoDuration,
-    },
-    /// A count that must not be negative is (konn's check).
-    NegativeCount {
-        /// The flag.
-        flag: &'static str,
-        /// The value.
-        value: i64,
-    },
-    /// A konn flag is out of range.
-    Engine(EngineError),
     /// A TLS listener lacks its certificate or key.
     MissingCertificate(&'static str),
     /// A TLS listener's certificate, key or CA does not load.
@@ -116,12 +73,7 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::FileMissing { flag, path, source } => {
-                write!(f, "--{flag}={path}: cannot use the file: {source}")
-            }
-            Self::IncompletePair { set, value, missing } => {
-                write!(f, "--{missing} must be set when --{set} is set (--{set}={value:?})")
-            }
+            Self::Flag(e) => e.fmt(f),
             Self::InvalidMode(mode) => {
                 write!(f, "--mode must be 'grpc' or 'http-connect', not {mode:?}")
             }
@@ -144,9 +96,6 @@ impl fmt::Display for Error {
                 f,
                 "--{flag}={port} is a reserved port (below 1024); choose a port from 1024 to 49151"
             ),
-            Self::ContentionWithoutProfiling => {
-                f.write_str("--enable-contention-profiling requires --enable-profiling")
-            }
             Self::TokenAuthWithClusterCa => f.write_str(
                 "--cluster-ca-cert cannot be combined with agent token authentication \
                  (--agent-namespace, --agent-service-account, --authentication-audience)",
@@ -161,7 +110,6 @@ impl fmt::Display for Error {
                 f,
                 "--proxy-strategies: unknown proxy strategy {s:?} (known: default, destHost, defaultRoute)"
             ),
-            Self::ChannelSize(n) => write!(f, "--xfr-channel-size must be greater than 0, not {n}"),
             Self::UnknownTlsVersion(v) => write!(
                 f,
                 "--tls-min-version: unsupported TLS version {v:?}; use VersionTLS10, VersionTLS11, VersionTLS12 or VersionTLS13"
@@ -169,14 +117,6 @@ impl fmt::Display for Error {
             Self::CipherSuite { name, reason } => {
                 write!(f, "--cipher-suites: cipher suite {name:?} is not supported: {reason}")
             }
-            Self::InvalidLabels { flag, problem } => write!(f, "--{flag}: {problem}"),
-            Self::NegativeDuration { flag, value } => {
-                write!(f, "--{flag} must not be negative, not {value}")
-            }
-            Self::NegativeCount { flag, value } => {
-                write!(f, "--{flag} must not be negative, not {value}")
-            }
-            Self::Engine(e) => e.fmt(f),
             Self::MissingCertificate(what) => {
                 write!(f, "{what}: a certificate and a key are required")
             }
@@ -189,10 +129,15 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::FileMissing { source, .. } => Some(source),
-            Self::Engine(e) => Some(e),
+            Self::Flag(e) => e.source(),
             Self::Tls { source, .. } => Some(source),
             _ => None,
         }
+    }
+}
+
+impl From<FlagError> for Error {
+    fn from(e: FlagError) -> Self {
+        Self::Flag(e)
     }
 }

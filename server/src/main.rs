@@ -1,6 +1,6 @@
-//! proxy-server: parses upstream's flags, sets up klog-style logging,
-//! validates the options, binds every listener and serves until SIGTERM or
-//! SIGINT.
+//! proxy-server: parses upstream's flags, sets up klog-style logging and
+//! validates the options (the start-up sequence of `konn_core::app`),
+//! binds every listener and serves until SIGTERM or SIGINT.
 //!
 //! Shutdown follows upstream: the first signal stops accepting, sends
 //! GOAWAY and waits up to `--graceful-shutdown-timeout` for the frontends
@@ -14,8 +14,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use konn_core::app;
 use konn_core::io::signals;
-use konn_core::log::{LogConfig, tracing};
+use konn_core::log::tracing;
 use konn_server::options::{self, ServerOptions};
 use konn_server::serve;
 use konn_server::settings::ServerSettings;
@@ -23,40 +24,10 @@ use konn_server::settings::ServerSettings;
 konn_core::mimalloc_global_allocator!();
 
 fn main() -> ExitCode {
-    let mut cmd = options::command();
-    let positional = cmd.parse_or_exit(std::env::args_os().skip(1));
-    let flags = cmd.flags();
-
-    let log = LogConfig::from_flags(flags);
-    if let Err(err) = konn_core::log::init(&log, options::PROGRAM) {
-        eprintln!("Error: {err}");
-        return ExitCode::FAILURE;
-    }
-    if !positional.is_empty() {
-        tracing::warn!(
-            ?positional,
-            "ignoring positional arguments (upstream ignores them too)"
-        );
-    }
-    tracing::info!("flags: {}", flags.summary());
-
-    let opts = match ServerOptions::from_flags(flags) {
+    let opts: ServerOptions = match app::start(options::command(), options::PROGRAM, "server") {
         Ok(opts) => opts,
-        Err(err) => {
-            tracing::error!("failed to validate server options: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    for warning in &opts.warnings {
-        tracing::warn!("{warning}");
-    }
-    let unsupported = opts.unsupported_features();
-    if !unsupported.is_empty() {
-        for feature in &unsupported {
-            tracing::error!(flags = feature.flags, "{feature}");
-        }
-        return ExitCode::FAILURE;
-    }
     match run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -69,8 +40,6 @@ fn main() -> ExitCode {
 fn run(opts: &ServerOptions) -> anyhow::Result<()> {
     let settings = ServerSettings::from_options(opts)?;
     let graceful = settings.graceful_shutdown_timeout;
-    // Before any worker thread exists, so every thread inherits the mask.
-    signals::block_shutdown_signals().context("blocking SIGTERM/SIGINT")?;
     let server = serve::start(settings).context("starting the server")?;
     match server.frontend_path() {
         Some(path) => tracing::info!("frontend listening on unix socket {}", path.display()),

@@ -30,13 +30,17 @@
 //!   upstream, but konn then uses TLS 1.2 (rustls has no TLS 1.0/1.1).
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use konn_core::app::Options;
+pub use konn_core::cli::common::{Listener, Unsupported};
+use konn_core::cli::common::{
+    channel_size, check_exists, check_pair, check_profiling, count, default_id, non_empty_path,
+    non_negative, parse_labels, register_profiling,
+};
 use konn_core::cli::engine::EngineFlags;
-use konn_core::cli::{Command, FlagSet, GoDuration, random_uuid};
+use konn_core::cli::{Command, FlagSet, GoDuration};
 use konn_core::io::tls::TlsMinVersion;
 use konn_core::io::tls::config::default_provider;
 use konn_core::io::tls::suites::cipher_suites_from_go_names;
@@ -200,10 +204,7 @@ impl ServerFlags {
     /// Upstream's defaults (`NewProxyRunOptions`). `--server-id` comes from
     /// `env("PROXY_SERVER_ID")` when set and non-empty, else a random UUID.
     pub fn defaults(env: &dyn Fn(&str) -> Option<String>) -> Self {
-        let server_id = env(SERVER_ID_ENV)
-            .filter(|id| !id.is_empty())
-            .or_else(random_uuid)
-            .unwrap_or_else(|| format!("konn-{}", std::process::id()));
+        let server_id = default_id(env, SERVER_ID_ENV);
         Self {
             server_cert: String::new(),
             server_key: String::new(),
@@ -348,16 +349,7 @@ impl ServerFlags {
             self.frontend_keepalive_time,
             "Idle time after which the gRPC frontend pings kube-apiserver's connection.",
         );
-        f.add_bool(
-            "enable-profiling",
-            self.enable_profiling,
-            "Serve Go pprof on the admin port (upstream; konn has no pprof and logs a warning).",
-        );
-        f.add_bool(
-            "enable-contention-profiling",
-            self.enable_contention_profiling,
-            "Enable lock contention profiling (upstream; requires --enable-profiling).",
-        );
+        register_profiling(f, self.enable_profiling, self.enable_contention_profiling);
         f.add_string(
             "server-id",
             &self.server_id,
@@ -592,9 +584,7 @@ impl ServerFlags {
             }
         }
 
-        if self.enable_contention_profiling && !self.enable_profiling {
-            return Err(Error::ContentionWithoutProfiling);
-        }
+        check_profiling(self.enable_profiling, self.enable_contention_profiling)?;
 
         let token_auth = self.uses_token_auth();
         if token_auth {
@@ -615,9 +605,7 @@ impl ServerFlags {
 
         let proxy_strategies = parse_proxy_strategies(&self.proxy_strategies)?;
 
-        if self.xfr_channel_size <= 0 {
-            return Err(Error::ChannelSize(self.xfr_channel_size));
-        }
+        let xfr_channel_size = channel_size(self.xfr_channel_size)?;
 
         let mut warnings = Vec::new();
         let tls_min_version = match self.tls_min_version.as_str() {
@@ -650,11 +638,7 @@ impl ServerFlags {
         let keepalive_time = non_negative("keepalive-time", self.keepalive_time)?;
         let frontend_keepalive_time =
             non_negative("frontend-keepalive-time", self.frontend_keepalive_time)?;
-        let server_count =
-            usize::try_from(self.server_count).map_err(|_| Error::NegativeCount {
-                flag: "server-count",
-                value: self.server_count,
-            })?;
+        let server_count = count("server-count", self.server_count)?;
 
         if self.enable_profiling {
             warnings.push(
@@ -718,7 +702,7 @@ impl ServerFlags {
             },
             enable_profiling: self.enable_profiling,
             enable_contention_profiling: self.enable_contention_profiling,
-            xfr_channel_size: usize::try_from(self.xfr_channel_size).unwrap_or(usize::MAX),
+            xfr_channel_size,
             graceful_shutdown_timeout: (!graceful_shutdown_timeout.is_zero())
                 .then_some(graceful_shutdown_timeout),
             backend_dial_timeout: if backend_dial_timeout.is_zero() {
@@ -816,15 +800,6 @@ pub struct LeaseController {
     pub labels: BTreeMap<String, String>,
 }
 
-/// An HTTP listener (health, admin).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listener {
-    /// Bind address; empty: all interfaces.
-    pub bind_address: String,
-    /// Port.
-    pub port: u16,
-}
-
 /// One `--proxy-strategies` entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProxyStrategy {
@@ -844,21 +819,6 @@ impl ProxyStrategy {
             Self::DestHost => "destHost",
             Self::DefaultRoute => "defaultRoute",
         }
-    }
-}
-
-/// A feature konn accepts on the command line but cannot run yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unsupported {
-    /// The flags that ask for it.
-    pub flags: &'static str,
-    /// What to tell the operator.
-    pub message: &'static str,
-}
-
-impl fmt::Display for Unsupported {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.message)
     }
 }
 
@@ -912,69 +872,43 @@ pub struct ServerOptions {
     pub warnings: Vec<String>,
 }
 
-impl ServerOptions {
-    /// Reads and validates every flag of a parsed [`command`].
-    ///
-    /// # Errors
-    ///
-    /// The first invalid value.
-    pub fn from_flags(flags: &FlagSet) -> Result<Self, Error> {
-        let engine = EngineFlags::from_flags(flags).map_err(Error::Engine)?;
+/// Agent token authentication: konn cannot call TokenReview yet.
+const TOKEN_AUTH: Unsupported = Unsupported {
+    flags: "--agent-namespace, --agent-service-account, --authentication-audience",
+    message: "token authentication is not supported yet by konn; it needs TokenReview calls to kube-apiserver. \
+              Authenticate agents with client certificates instead (--cluster-ca-cert).",
+};
+
+/// `--enable-lease-controller`: konn cannot write Leases yet.
+const LEASE_CONTROLLER: Unsupported = Unsupported {
+    flags: "--enable-lease-controller",
+    message: "the lease controller (--enable-lease-controller) is not supported yet by konn; it needs the Kubernetes \
+              Lease API. Set --server-count to the number of proxy-servers instead.",
+};
+
+/// How the start-up sequence (`konn_core::app`) reads and checks them;
+/// `ServerOptions::from_flags` reads and validates every flag of a parsed
+/// [`command`].
+impl Options for ServerOptions {
+    type Error = Error;
+
+    fn validate(flags: &FlagSet, engine: EngineFlags) -> Result<Self, Error> {
         ServerFlags::from_flags(flags).validate(engine)
     }
 
-    /// Features requested by the flags that konn does not implement yet;
-    /// the binary refuses to start when this is not empty.
-    pub fn unsupported_features(&self) -> Vec<Unsupported> {
-        let mut out = Vec::new();
-        if self.token_auth.is_some() {
-            out.push(Unsupported {
-                flags: "--agent-namespace, --agent-service-account, --authentication-audience",
-                message: "token authentication is not supported yet by konn; it needs TokenReview calls to kube-apiserver. \
-                          Authenticate agents with client certificates instead (--cluster-ca-cert).",
-            });
-        }
-        if self.lease_controller.is_some() {
-            out.push(Unsupported {
-                flags: "--enable-lease-controller",
-                message: "the lease controller (--enable-lease-controller) is not supported yet by konn; it needs the Kubernetes \
-                          Lease API. Set --server-count to the number of proxy-servers instead.",
-            });
-        }
-        out
+    fn warnings(&self) -> &[String] {
+        &self.warnings
     }
-}
 
-/// Upstream's `os.Stat` + `os.IsNotExist` check: only a missing file fails
-/// (a permission problem shows up when the file is read).
-fn check_exists(flag: &'static str, path: &str) -> Result<(), Error> {
-    if path.is_empty() {
-        return Ok(());
+    fn unsupported_features(&self) -> Vec<Unsupported> {
+        [
+            (self.token_auth.is_some(), TOKEN_AUTH),
+            (self.lease_controller.is_some(), LEASE_CONTROLLER),
+        ]
+        .into_iter()
+        .filter_map(|(asked, feature)| asked.then_some(feature))
+        .collect()
     }
-    match std::fs::metadata(path) {
-        Err(source) if source.kind() == io::ErrorKind::NotFound => Err(Error::FileMissing {
-            flag,
-            path: path.to_owned(),
-            source,
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// When `set` is non-empty its file must exist and `other` must be set.
-fn check_pair(set: (&'static str, &str), other: (&'static str, &str)) -> Result<(), Error> {
-    if set.1.is_empty() {
-        return Ok(());
-    }
-    check_exists(set.0, set.1)?;
-    if other.1.is_empty() {
-        return Err(Error::IncompletePair {
-            set: set.0,
-            value: set.1.to_owned(),
-            missing: other.0,
-        });
-    }
-    Ok(())
 }
 
 /// Upstream's `ParseProxyStrategies`: comma-separated, empty entries skipped,
@@ -1016,37 +950,6 @@ fn check_cipher_suites(names: &[String]) -> Result<(), Error> {
         })?;
     }
     Ok(())
-}
-
-/// Upstream's `ParseLabels`: `k=v[,k=v...]`, each pair exactly one `=`,
-/// keys and values trimmed; empty input is an error.
-pub fn parse_labels(flag: &'static str, s: &str) -> Result<BTreeMap<String, String>, Error> {
-    if s.is_empty() {
-        return Err(Error::InvalidLabels {
-            flag,
-            problem: "must not be empty".to_owned(),
-        });
-    }
-    let mut out = BTreeMap::new();
-    for pair in s.split(',') {
-        let parts: Vec<&str> = pair.split('=').collect();
-        let [k, v] = parts[..] else {
-            return Err(Error::InvalidLabels {
-                flag,
-                problem: format!("invalid label {pair:?}: want key=value"),
-            });
-        };
-        out.insert(k.trim().to_owned(), v.trim().to_owned());
-    }
-    Ok(out)
-}
-
-fn non_negative(flag: &'static str, d: GoDuration) -> Result<Duration, Error> {
-    d.to_std().ok_or(Error::NegativeDuration { flag, value: d })
-}
-
-fn non_empty_path(s: &str) -> Option<PathBuf> {
-    (!s.is_empty()).then(|| Path::new(s).to_owned())
 }
 
 /// A port already checked to be within 1024..=49151 (or 0 for UDS).

@@ -11,10 +11,10 @@
 mod e2e_common;
 
 use e2e_common::*;
-use konn_bench::dest::Destination;
-use konn_bench::{Pattern, Sha256};
 use konn_core::io::runtime::{available_engines, block_on};
 use konn_server::settings::Mode;
+use konn_testkit::dest::Destination;
+use konn_testkit::{Pattern, Sha256};
 
 /// Bytes each way.
 const SIZE: u64 = 256 << 20;

@@ -18,11 +18,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use e2e_common::*;
-use konn_bench::dest::{Destination, Unresponsive};
-use konn_bench::relay::LoadBalancer;
 use konn_core::io::runtime::{Either, Engine, available_engines, block_on};
 use konn_protocol::server::backends::Strategy;
 use konn_server::settings::Mode;
+use konn_testkit::dest::{Destination, Unresponsive};
+use konn_testkit::relay::LoadBalancer;
 
 const MODES: [Mode; 2] = [Mode::Grpc, Mode::HttpConnect];
 
@@ -52,13 +52,13 @@ async fn dial_failure_at(
             let at = konn_core::io::clock::now();
             fe.close().await;
             match r {
-                Err(konn_bench::Error::DialFailed(e)) => (Failure::Dial(e), at),
+                Err(konn_testkit::Error::DialFailed(e)) => (Failure::Dial(e), at),
                 Err(e) => panic!("dial {target}: {e}"),
                 Ok(_) => panic!("dial {target} succeeded"),
             }
         }
         Mode::HttpConnect => match frontend.connect(target).await {
-            Err(konn_bench::Error::Refused { status, response }) => {
+            Err(konn_testkit::Error::Refused { status, response }) => {
                 (Failure::Http(status, response), konn_core::io::clock::now())
             }
             Err(e) => panic!("CONNECT {target}: {e}"),
@@ -76,7 +76,7 @@ fn dial_error_answer(status: &str, error: &str) -> String {
 }
 
 fn closed_port() -> u16 {
-    konn_bench::procs::free_port()
+    konn_testkit::ports::free_port()
 }
 
 /// Refused, unknown host, the agent's dial timeout, no agent: the error
@@ -286,10 +286,10 @@ fn agent_killed_mid_stream_closes_its_frontends_within_a_second() {
 /// One open connection of either mode.
 enum Flow {
     Grpc(
-        konn_bench::frontend::GrpcFrontend,
-        konn_bench::frontend::Tunnel,
+        konn_testkit::frontend::GrpcFrontend,
+        konn_testkit::frontend::Tunnel,
     ),
-    Connect(konn_bench::connect::ConnectTunnel),
+    Connect(konn_testkit::connect::ConnectTunnel),
 }
 
 impl Flow {

@@ -15,9 +15,9 @@ mod e2e_common;
 use std::time::Duration;
 
 use e2e_common::*;
-use konn_bench::dest::Destination;
 use konn_core::io::runtime::{Engine, available_engines, block_on};
 use konn_server::settings::Mode;
+use konn_testkit::dest::Destination;
 
 const SETUPS: [(Mode, Transport); 2] = [
     (Mode::Grpc, Transport::Unix),
@@ -27,10 +27,10 @@ const SETUPS: [(Mode, Transport); 2] = [
 /// One open connection of either mode.
 enum Flow {
     Grpc(
-        konn_bench::frontend::GrpcFrontend,
-        konn_bench::frontend::Tunnel,
+        konn_testkit::frontend::GrpcFrontend,
+        konn_testkit::frontend::Tunnel,
     ),
-    Connect(konn_bench::connect::ConnectTunnel),
+    Connect(konn_testkit::connect::ConnectTunnel),
 }
 
 impl Flow {
@@ -65,11 +65,11 @@ impl Flow {
         match self {
             Self::Grpc(_, t) => !matches!(
                 t.read(limit).await,
-                Err(konn_bench::Error::Timeout(_)) | Ok(Some(_))
+                Err(konn_testkit::Error::Timeout(_)) | Ok(Some(_))
             ),
             Self::Connect(t) => !matches!(
                 t.read(limit).await,
-                Err(konn_bench::Error::Timeout(_)) | Ok(Some(_))
+                Err(konn_testkit::Error::Timeout(_)) | Ok(Some(_))
             ),
         }
     }

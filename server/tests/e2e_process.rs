@@ -18,11 +18,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use e2e_common::*;
-use konn_agent::run::AgentSettings;
-use konn_bench::dest::Destination;
-use konn_bench::frontend::GrpcFrontend;
-use konn_bench::procs::{Proc, free_port, http_get, wait_http_ok};
+use konn_agent::settings::AgentSettings;
 use konn_core::io::runtime::{available_engines, block_on};
+use konn_testkit::dest::Destination;
+use konn_testkit::frontend::GrpcFrontend;
+use konn_testkit::ports::free_port;
+use konn_testkit::procs::{Proc, http_get, wait_http_ok};
 use upstream_flags::RENDERED_DEFAULTS;
 
 fn binary() -> std::path::PathBuf {

@@ -12,10 +12,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use e2e_common::*;
-use konn_bench::dest::{Destination, Unresponsive};
-use konn_bench::{Pattern, sha256_hex};
 use konn_core::io::runtime::{available_engines, block_on};
 use konn_server::settings::Mode;
+use konn_testkit::dest::{Destination, Unresponsive};
+use konn_testkit::{Pattern, sha256_hex};
 
 const TRANSPORTS: [Transport; 2] = [Transport::Unix, Transport::Tls];
 

@@ -31,9 +31,6 @@ use std::time::{Duration, Instant};
 
 use konn_agent::client::{ConnectParams, run_tunnel};
 use konn_agent::conn::TunnelSettings;
-use konn_bench::dest::Destination;
-use konn_bench::frontend::{GrpcFrontend, Tunnel};
-use konn_bench::sha256_hex;
 use konn_core::io::driver::DriverConfig;
 use konn_core::io::pool::{BufPool, MemoryBudget, PoolConfig};
 use konn_core::io::runtime::{Engine, IoEngine, available_engines, block_on, join};
@@ -42,6 +39,9 @@ use konn_protocol::flow::FlowLimits;
 use konn_protocol::server::router::FRONTEND_STUCK;
 use konn_server::serve::{ServerHandle, start};
 use konn_server::settings::{FrontendListen, Mode, ServerSettings};
+use konn_testkit::dest::Destination;
+use konn_testkit::frontend::{GrpcFrontend, Tunnel};
+use konn_testkit::sha256_hex;
 
 /// Upper bound of any single wait in these tests.
 const WAIT: Duration = Duration::from_secs(60);

@@ -7,6 +7,7 @@
 //! `-v=4`, as in its `main.go`), listing pflag's `Name`, `Value.Type()` and
 //! `DefValue`.
 
+use konn_core::app::Options as _;
 use konn_core::cli::{Outcome, Section};
 use konn_server::options::{self, ServerFlags, ServerOptions};
 

@@ -12,13 +12,13 @@
 //!   (`--cipher-suites=[]` is the one-element list `["[]"]`);
 //! - without `--cipher-suites`: valid.
 
-mod options_common;
 mod upstream_flags;
 
+use konn_core::app::Options as _;
 use konn_core::cli::{Outcome, ParseError};
 use konn_server::Error;
 use konn_server::options::{self, ServerOptions};
-use options_common::TempFile;
+use konn_testkit::files::TempFile;
 use upstream_flags::RENDERED_DEFAULTS;
 
 const DEPRECATION: &str = "Flag --warn-on-channel-limit has been deprecated, This behavior is now thread safe and always on. This flag will be removed in a future release.";

@@ -2,17 +2,17 @@
 //! rejected), konn's additional checks, the typed result and the features
 //! konn refuses at start.
 
-mod options_common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
+use konn_core::app::Options as _;
+use konn_core::cli::common::FlagError;
 use konn_core::io::tls::TlsMinVersion;
 use konn_server::Error;
 use konn_server::options::{
     self, DEFAULT_BACKEND_DIAL_TIMEOUT, Frontend, Mode, ProxyStrategy, ServerOptions,
 };
-use options_common::{TempFile, missing_path};
+use konn_testkit::files::{TempFile, missing_path};
 
 fn validate(args: &[&str]) -> Result<ServerOptions, Error> {
     let mut cmd = options::command_with_env(|_| None);
@@ -47,11 +47,11 @@ fn cert_files_must_exist() {
     ] {
         let arg = format!("--{flag}={missing}");
         match err(tcp(&ca, &[&arg])) {
-            Error::FileMissing {
+            Error::Flag(FlagError::FileMissing {
                 flag: f,
                 path,
                 source,
-            } => {
+            }) => {
                 assert_eq!(f, flag);
                 assert_eq!(path, missing);
                 assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
@@ -64,10 +64,10 @@ fn cert_files_must_exist() {
     assert!(
         matches!(
             e,
-            Error::FileMissing {
+            Error::Flag(FlagError::FileMissing {
                 flag: "server-ca-cert",
                 ..
-            }
+            })
         ),
         "{e}"
     );
@@ -89,11 +89,11 @@ fn cert_and_key_come_in_pairs() {
     for (set, missing) in cases {
         let arg = format!("--{set}={}", f.path());
         match err(tcp(&ca, &[&arg])) {
-            Error::IncompletePair {
+            Error::Flag(FlagError::IncompletePair {
                 set: s,
                 missing: m,
                 value,
-            } => {
+            }) => {
                 assert_eq!((s, m), (set, missing));
                 assert_eq!(value, f.path());
             }
@@ -294,7 +294,10 @@ fn ports_become_u16() {
 fn contention_profiling_requires_profiling() {
     let ca = TempFile::new("ca");
     let e = err(tcp(&ca, &["--enable-contention-profiling"]));
-    assert!(matches!(e, Error::ContentionWithoutProfiling), "{e}");
+    assert!(
+        matches!(e, Error::Flag(FlagError::ContentionWithoutProfiling)),
+        "{e}"
+    );
     let o = tcp(
         &ca,
         &["--enable-contention-profiling", "--enable-profiling"],
@@ -396,7 +399,10 @@ fn channel_size_must_be_positive() {
     for bad in ["0", "-1"] {
         let arg = format!("--xfr-channel-size={bad}");
         assert!(
-            matches!(err(tcp(&ca, &[&arg])), Error::ChannelSize(_)),
+            matches!(
+                err(tcp(&ca, &[&arg])),
+                Error::Flag(FlagError::ChannelSize(_))
+            ),
             "{bad}"
         );
     }
@@ -493,10 +499,10 @@ fn lease_labels_checked_only_with_the_controller() {
         assert!(
             matches!(
                 e,
-                Error::InvalidLabels {
+                Error::Flag(FlagError::InvalidLabels {
                     flag: "lease-label",
                     ..
-                }
+                })
             ),
             "{bad:?}: {e}"
         );
@@ -554,7 +560,7 @@ fn durations() {
         let arg = format!("--{flag}=-1s");
         let e = err(tcp(&ca, &[&arg]));
         assert!(
-            matches!(e, Error::NegativeDuration { flag: f, .. } if f == flag),
+            matches!(e, Error::Flag(FlagError::NegativeDuration { flag: f, .. }) if f == flag),
             "{flag}: {e}"
         );
         assert_eq!(
@@ -590,10 +596,10 @@ fn server_identity_and_count() {
     assert!(
         matches!(
             e,
-            Error::NegativeCount {
+            Error::Flag(FlagError::NegativeCount {
                 flag: "server-count",
                 value: -1
-            }
+            })
         ),
         "{e}"
     );
@@ -628,7 +634,7 @@ fn kube_client_settings_are_kept() {
 fn engine_flags_are_validated_too() {
     let ca = TempFile::new("ca");
     let e = err(tcp(&ca, &["--workers=-1"]));
-    assert!(matches!(e, Error::Engine(_)), "{e}");
+    assert!(matches!(e, Error::Flag(FlagError::Engine(_))), "{e}");
     let o = tcp(
         &ca,
         &["--io-engine=epoll", "--workers=2", "--memory-budget=64Mi"],

@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use konn_agent::client::{ConnectParams, run_tunnel};
 use konn_agent::conn::TunnelSettings;
-use konn_bench::dest::Destination;
-use konn_bench::fds::{fd_targets, open_fds};
-use konn_bench::frontend::GrpcFrontend;
 use konn_core::io::driver::DriverConfig;
 use konn_core::io::pool::{BufPool, MemoryBudget, PoolConfig};
 use konn_core::io::runtime::{Engine, IoEngine, available_engines, block_on};
 use konn_server::serve::start;
 use konn_server::settings::{FrontendListen, Mode, ServerSettings};
+use konn_testkit::dest::Destination;
+use konn_testkit::fds::{fd_targets, open_fds};
+use konn_testkit::frontend::GrpcFrontend;
 
 /// Wait (bounded) for the descriptor count to come back to `base`.
 fn settles_to(base: usize) -> usize {

@@ -16,12 +16,12 @@ mod e2e_common;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use e2e_common::*;
-use konn_bench::Pattern;
-use konn_bench::dest::Destination;
-use konn_bench::procs::http_get;
 use konn_core::io::runtime::{available_engines, block_on, join};
 use konn_protocol::server::backends::Strategy;
 use konn_server::settings::Mode;
+use konn_testkit::Pattern;
+use konn_testkit::dest::Destination;
+use konn_testkit::procs::http_get;
 
 /// The most agents started to cover both workers (the chance that this
 /// many all land on one worker is 2⁻³¹).

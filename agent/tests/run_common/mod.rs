@@ -1,104 +1,27 @@
 //! Shared helpers of the agent runtime tests: in-process konn servers, an
-//! echo destination, konn-bench's TCP load balancer, HTTP and CONNECT
-//! clients on plain std sockets, waiting with deadlines, descriptor counts.
+//! echo destination, HTTP and CONNECT clients on plain std sockets; and,
+//! from konn-testkit, the TCP load balancer, PKI, ports, waiting with
+//! deadlines and descriptor counts.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use konn_agent::run::AgentSettings;
-pub use konn_bench::fds::{fd_targets, open_fds};
-use konn_core::io::runtime::{Engine, IoEngine};
+use konn_agent::settings::AgentSettings;
+use konn_core::io::runtime::Engine;
 use konn_server::serve::{ServerHandle, start};
 use konn_server::settings::{FrontendListen, Mode, ServerSettings};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
-};
-
-/// Serialises the tests of one binary: descriptor counts are per process.
-#[allow(clippy::disallowed_types)] // test-only serialisation
-pub static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Holds [`SERIAL`] (a failed test must not poison the others).
-#[allow(clippy::disallowed_types)]
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Waits until the process has at most `limit` descriptors open (sockets
-/// of other threads close asynchronously), or panics after 10 s.
-pub fn assert_fds_back_to(limit: usize, what: &str) {
-    let ok = wait_until(Duration::from_secs(10), || open_fds() <= limit);
-    assert!(
-        ok,
-        "{what}: {} descriptors open, expected at most {limit}: {:?}",
-        open_fds(),
-        fd_targets()
-    );
-}
-
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        let n = std::time::SystemTime::UNIX_EPOCH
-            .elapsed()
-            .unwrap_or_default()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("konn-agent-{tag}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-pub fn engine_flag(e: Engine) -> IoEngine {
-    match e {
-        Engine::IoUring => IoEngine::IoUring,
-        Engine::Epoll => IoEngine::Epoll,
-    }
-}
-
-/// Polls `cond` every 10 ms until it holds (true) or `limit` passes (false).
-pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = konn_core::io::clock::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if konn_core::io::clock::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A port nothing listens on (bound, then released).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use konn_testkit::engine_flag;
+pub use konn_testkit::fds::{assert_fds_back_to, fd_targets, open_fds, serial};
+pub use konn_testkit::files::TempDir;
+pub use konn_testkit::ports::free_port;
+pub use konn_testkit::wait::wait_until;
 
 /// A proxy-server with an HTTP-CONNECT frontend on a Unix socket in `dir`.
 pub struct TestServer {
@@ -268,9 +191,8 @@ impl Drop for Echo {
     }
 }
 
-/// The load balancer between agents and servers (see `konn_bench::relay`).
-#[allow(unused_imports)] // not every test binary balances
-pub use konn_bench::relay::LoadBalancer;
+/// The load balancer between agents and servers (see `konn_testkit::relay`).
+pub use konn_testkit::relay::LoadBalancer;
 
 /// One HTTP/1.0 GET: (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -307,37 +229,12 @@ pub fn agent_settings(engine: Engine, address: impl Into<String>, id: &str) -> A
 pub const FAILED: &str = "[+]ping ok\n[-]server-connected failed: no servers connected\n";
 pub const PASSED: &str = "[+]ping ok\n[+]server-connected ok\ncheck passed\n";
 
-/// A CA and a server certificate for 127.0.0.1, as PEM.
-pub struct Pki {
-    pub ca: String,
-    pub server_cert: String,
-    pub server_key: String,
-}
+/// A CA and certificates signed by it, as PEM (konn-testkit's PKI).
+pub use konn_testkit::pki::Pem as Pki;
 
+/// A fresh [`Pki`].
 pub fn pki() -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.distinguished_name
-        .push(DnType::CommonName, "konn test CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut leaf = CertificateParams::new(Vec::<String>::new()).unwrap();
-    leaf.distinguished_name
-        .push(DnType::CommonName, "konn-server");
-    leaf.subject_alt_names = vec![SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST))];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    Pki {
-        ca: ca_pem,
-        server_cert: leaf.signed_by(&key, &issuer).unwrap().pem(),
-        server_key: key.serialize_pem(),
-    }
+    konn_testkit::pki::generate().unwrap()
 }
 
 /// The server side of [`Pki`].

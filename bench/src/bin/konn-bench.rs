@@ -33,13 +33,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use konn_bench::dest::Destination;
-use konn_bench::frontend::GrpcFrontend;
 use konn_bench::harness::compare::{self, Config, Margins};
 use konn_bench::harness::report::UPSTREAM;
 use konn_bench::harness::{Binaries, Mode, Topology, rss_kib};
-use konn_bench::{pki, procs};
 use konn_core::io::runtime::{Engine, IoEngine, block_on, resolve};
+use konn_testkit::dest::Destination;
+use konn_testkit::frontend::GrpcFrontend;
+use konn_testkit::{pki, procs};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 

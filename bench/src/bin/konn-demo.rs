@@ -24,11 +24,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use konn_bench::dest::Destination;
-use konn_bench::frontend::GrpcFrontend;
-use konn_bench::procs::{self, Proc};
-use konn_bench::{pki, sha256_hex};
 use konn_core::io::runtime::{Engine, IoEngine, block_on, join, resolve};
+use konn_testkit::dest::Destination;
+use konn_testkit::frontend::GrpcFrontend;
+use konn_testkit::procs::{self, Proc};
+use konn_testkit::{pki, sha256_hex};
 
 const STEPS: usize = 6;
 const BULK: usize = 64 << 20;
@@ -311,11 +311,11 @@ fn run(dir: &Path) -> Result<()> {
         dir: dir.to_owned(),
         certs,
         ports: Ports {
-            agent: procs::free_port(),
-            health: procs::free_port(),
-            admin: procs::free_port(),
-            agent_health: procs::free_port(),
-            agent_admin: procs::free_port(),
+            agent: konn_testkit::ports::free_port(),
+            health: konn_testkit::ports::free_port(),
+            admin: konn_testkit::ports::free_port(),
+            agent_health: konn_testkit::ports::free_port(),
+            agent_admin: konn_testkit::ports::free_port(),
         },
         socket: dir.join("konnectivity-server.socket"),
     };

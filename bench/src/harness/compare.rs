@@ -21,8 +21,8 @@ use super::report::{Cell, DIRECT, ImplSamples, Sample, UPSTREAM};
 use super::scenarios::{self, DIAL_TIMEOUT, Direction, Target, Window};
 use super::stats::median;
 use super::{Binaries, Mode, Topology, fd_count, rss_kib};
-use crate::Error;
-use crate::pki::PkiFiles;
+use konn_testkit::Error;
+use konn_testkit::pki::PkiFiles;
 
 /// What to run.
 #[derive(Clone, Debug)]

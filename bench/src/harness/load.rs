@@ -13,9 +13,9 @@ use bytes::Bytes;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
-use crate::Error;
-use crate::connect::ConnectTunnel;
-use crate::frontend::{GrpcFrontend, Tunnel};
+use konn_testkit::Error;
+use konn_testkit::connect::ConnectTunnel;
+use konn_testkit::frontend::{GrpcFrontend, Tunnel};
 
 /// How the load generator reaches destinations.
 #[derive(Clone, Debug)]

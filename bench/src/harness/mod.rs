@@ -14,9 +14,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::Error;
-use crate::pki::PkiFiles;
-use crate::procs::{self, Proc};
+use konn_testkit::Error;
+use konn_testkit::pki::PkiFiles;
+use konn_testkit::procs::{self, Proc};
 
 /// One implementation under test: where its binaries are.
 #[derive(Clone, Debug)]
@@ -95,7 +95,7 @@ impl Topology {
         certs: &PkiFiles,
         cpus: Option<&[usize]>,
     ) -> Result<Self, Error> {
-        let port = || procs::free_port();
+        let port = || konn_testkit::ports::free_port();
         let (agent_port, health, admin, agent_health, agent_admin) =
             (port(), port(), port(), port(), port());
         let socket = dir.join(format!("{}-{}.sock", bins.name, std::process::id()));

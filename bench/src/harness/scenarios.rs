@@ -21,8 +21,8 @@ use super::load::{Conn, Route};
 use super::report::Sample;
 use super::stats::{Lat, open_loop_start};
 use super::{cpu_time, rss_kib};
-use crate::Error;
 use konn_core::io::runtime::{Either, race};
+use konn_testkit::Error;
 
 /// How long a dial may take before it counts as failed.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);

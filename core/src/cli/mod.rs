@@ -29,8 +29,11 @@
 //! (name, type, usage, `(default …)`); konn's own flags are listed in a
 //! [`Section::Konn`] of their own so nobody mistakes them for upstream's.
 //!
-//! [`engine`] holds the konn flags both binaries share.
+//! [`engine`] holds the konn flags both binaries share; [`common`] what
+//! their upstream flags have in common (shared flags, validation rules,
+//! their error type, the not-yet-supported notice).
 
+pub mod common;
 pub mod engine;
 pub mod go;
 pub mod value;

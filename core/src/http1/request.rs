@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 
 use konn_frames::connect::{self, Limits};
+use konn_frames::url;
 
 /// Why a request head was refused; each maps to the answer Go's server
 /// gives (see [`RequestError::status`]).
@@ -102,7 +103,11 @@ impl<'a> Request<'a> {
         } else if raw_path.is_empty() {
             Cow::Borrowed("/")
         } else {
-            percent_decode(raw_path).ok_or(RequestError::Malformed)?
+            match url::path_unescape(raw_path).map_err(|_| RequestError::Malformed)? {
+                Cow::Borrowed(_) => Cow::Borrowed(raw_path),
+                // Invalid UTF-8 is replaced; it can never match a route.
+                Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
+            }
         };
         let mut hosts = head
             .headers()
@@ -199,25 +204,10 @@ impl<'a> Request<'a> {
     }
 
     /// Whether the query has a parameter named `key`, as
-    /// `r.URL.Query()[key]` finds it in Go: pairs split on `&`, keys
-    /// percent-decoded with `+` as space, pairs containing `;` or a bad
-    /// escape skipped. `?verbose`, `?verbose=0` and `?a&verbose=` all have
-    /// `verbose`.
+    /// `r.URL.Query()` finds it in Go (`konn_frames::url::query_has`):
+    /// `?verbose`, `?verbose=0` and `?a&verbose=` all have `verbose`.
     pub fn query_has(&self, key: &str) -> bool {
-        let Some(query) = self.query else {
-            return false;
-        };
-        query.split('&').any(|pair| {
-            if pair.is_empty() || pair.contains(';') {
-                return false;
-            }
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let Some(k) = query_unescape(k) else {
-                return false;
-            };
-            // Go drops the whole pair when its value has a bad escape.
-            query_unescape(v).is_some() && k == key
-        })
+        self.query.is_some_and(|query| url::query_has(query, key))
     }
 }
 
@@ -242,57 +232,6 @@ fn split_absolute(target: &str) -> Result<(Option<&str>, Option<&str>, &str), Re
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, rest) = rest.split_at(end);
     Ok((Some(scheme), Some(authority), rest))
-}
-
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
-/// Decodes `%XX` escapes of a path; `None` for a malformed escape (Go
-/// refuses such a target). Invalid UTF-8 after decoding is replaced, which
-/// can never match a route.
-fn percent_decode(s: &str) -> Option<Cow<'_, str>> {
-    if !s.contains('%') {
-        return Some(Cow::Borrowed(s));
-    }
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        if b == b'%' {
-            let hi = hex(bytes.next()?)?;
-            let lo = hex(bytes.next()?)?;
-            out.push(hi << 4 | lo);
-        } else {
-            out.push(b);
-        }
-    }
-    Some(Cow::Owned(String::from_utf8_lossy(&out).into_owned()))
-}
-
-/// Decodes a query component (`+` is a space).
-fn query_unescape(s: &str) -> Option<Cow<'_, str>> {
-    if !s.contains(['%', '+']) {
-        return Some(Cow::Borrowed(s));
-    }
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        match b {
-            b'%' => {
-                let hi = hex(bytes.next()?)?;
-                let lo = hex(bytes.next()?)?;
-                out.push(hi << 4 | lo);
-            }
-            b'+' => out.push(b' '),
-            _ => out.push(b),
-        }
-    }
-    Some(Cow::Owned(String::from_utf8_lossy(&out).into_owned()))
 }
 
 #[cfg(test)]

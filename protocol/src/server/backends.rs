@@ -19,6 +19,8 @@
 
 use std::collections::HashMap;
 
+use konn_frames::url;
+
 /// Identity of one backend (one agent tunnel): unique per server process.
 pub type BackendId = u64;
 
@@ -71,25 +73,26 @@ pub struct Identifiers {
 }
 
 impl Identifiers {
-    /// Parse the metadata value (`application/x-www-form-urlencoded`).
-    /// Malformed percent-escapes are an error, like Go's `url.ParseQuery`.
+    /// Parse the metadata value (`application/x-www-form-urlencoded`)
+    /// as Go's `url.ParseQuery` does (`konn_frames::url`), errors
+    /// included. Decoded bytes that are not UTF-8 are replaced.
+    ///
+    /// # Errors
+    ///
+    /// Go's text of the problem.
     pub fn parse(query: &str) -> Result<Self, String> {
+        let settings = url::parse_query(query).map_err(|e| e.to_string())?;
         let mut ids = Self::default();
         let mut default_route_seen = false;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            if pair.contains(';') {
-                return Err("invalid semicolon separator in query".to_owned());
-            }
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let k = unescape(k).ok_or_else(|| format!("invalid URL escape in {k:?}"))?;
-            let v = unescape(v).ok_or_else(|| format!("invalid URL escape in {v:?}"))?;
-            match k.as_str() {
-                "ipv4" => ids.ipv4.push(v),
-                "ipv6" => ids.ipv6.push(v),
-                "host" => ids.host.push(v),
-                "cidr" => ids.cidr.push(v),
+        for (k, v) in settings {
+            let v = String::from_utf8_lossy(&v).into_owned();
+            match &*k {
+                b"ipv4" => ids.ipv4.push(v),
+                b"ipv6" => ids.ipv6.push(v),
+                b"host" => ids.host.push(v),
+                b"cidr" => ids.cidr.push(v),
                 // Only the first value counts, parsed like strconv.ParseBool.
-                "default-route" if !default_route_seen => {
+                b"default-route" if !default_route_seen => {
                     default_route_seen = true;
                     ids.default_route =
                         matches!(v.as_str(), "1" | "t" | "T" | "true" | "TRUE" | "True");
@@ -99,32 +102,6 @@ impl Identifiers {
         }
         Ok(ids)
     }
-}
-
-/// Percent-decoding of one query component (`+` is a space).
-fn unescape(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while let Some(&c) = b.get(i) {
-        match c {
-            b'%' => {
-                let hi = (*b.get(i + 1)? as char).to_digit(16)?;
-                let lo = (*b.get(i + 2)? as char).to_digit(16)?;
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The host part of a dial address, as upstream's `RemovePortFromHost`: the
@@ -386,7 +363,16 @@ mod tests {
         assert_eq!(ids.cidr, ["127.0.0.1/16"]);
         assert!(ids.default_route);
         assert_eq!(Identifiers::parse("").unwrap(), Identifiers::default());
-        assert!(Identifiers::parse("host=%zz").is_err());
+        // Go's texts: upstream sends them to the agent after "fail to parse
+        // url encoded string: ".
+        assert_eq!(
+            Identifiers::parse("host=%zz").unwrap_err(),
+            "invalid URL escape \"%zz\""
+        );
+        assert_eq!(
+            Identifiers::parse("host=%zz&a;b").unwrap_err(),
+            "invalid semicolon separator in query"
+        );
         assert!(
             !Identifiers::parse("default-route=false&default-route=true")
                 .unwrap()

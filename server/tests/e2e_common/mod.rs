@@ -1,7 +1,7 @@
 //! Shared set-up of the proxy-server acceptance suite (`e2e_*.rs`): an
 //! in-process proxy-server on real sockets (gRPC or HTTP CONNECT frontend,
 //! over a Unix socket or TCP with mTLS), konn agents (the full agent
-//! runtime), frontends from konn-bench, and the leak check every scenario
+//! runtime), frontends from konn-testkit, and the leak check every scenario
 //! ends with: no frontend, pending dial, established connection or agent
 //! endpoint left, every descriptor given back and every thread of the
 //! parts under test ended.
@@ -9,101 +9,39 @@
 //! Descriptor counts are per process, so the tests of one binary take
 //! [`serial`] first.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use konn_agent::run::{self, AgentHandle, AgentSettings};
-use konn_bench::connect::{ConnectTunnel, Requested, http1_tls};
-pub use konn_bench::fds::{fd_targets, open_fds};
-use konn_bench::frontend::GrpcFrontend;
-use konn_bench::pki::PkiFiles;
-use konn_core::io::runtime::{Engine, IoEngine};
+use konn_agent::run::{self, AgentHandle};
+use konn_agent::settings::AgentSettings;
+use konn_core::io::runtime::Engine;
 use konn_core::io::tls::{ClientTls, ClientTlsOptions, PemSource, ServerTls, ServerTlsOptions};
 use konn_protocol::server::backends::Strategy;
 use konn_server::serve::{ServerHandle, start};
 use konn_server::settings::{FrontendListen, Mode, ServerSettings};
+use konn_testkit::connect::{ConnectTunnel, Requested, http1_tls};
+pub use konn_testkit::engine_flag;
+pub use konn_testkit::fds::{assert_fds_back_to, fd_targets, open_fds};
+pub use konn_testkit::files::TempDir;
+use konn_testkit::frontend::GrpcFrontend;
+use konn_testkit::pki::PkiFiles;
+pub use konn_testkit::wait::{WAIT as T, wait_until};
 
-/// The bound of every wait that is not itself under test.
-pub const T: Duration = Duration::from_secs(20);
-
-/// Serialises the tests of one binary: descriptor counts are per process.
-#[allow(clippy::disallowed_types)] // test-only serialisation
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Holds [`SERIAL`] (a failed test must not poison the others). The
-/// process-wide parts konn creates once (the blocking-call thread pool of
-/// `konn_core::io::runtime`) exist from then on, so they are not counted
-/// as a scenario's threads.
+/// Holds konn-testkit's descriptor-counting lock (the tests of one binary
+/// must not overlap). The process-wide parts konn creates once (the
+/// blocking-call thread pool of `konn_core::io::runtime`) exist from then
+/// on, so they are not counted as a scenario's threads.
 #[allow(clippy::disallowed_types)]
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    let guard = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let guard = konn_testkit::fds::serial();
     konn_core::io::runtime::block_on(Engine::Epoll, async {}).unwrap();
     guard
 }
 
-pub fn engine_flag(e: Engine) -> IoEngine {
-    match e {
-        Engine::IoUring => IoEngine::IoUring,
-        Engine::Epoll => IoEngine::Epoll,
-    }
-}
-
-/// Polls `cond` every 5 ms until it holds (true) or `limit` passes (false).
-pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = konn_core::io::clock::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if konn_core::io::clock::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Waits until the process has at most `limit` descriptors open (sockets
-/// of other threads close asynchronously), or panics after [`T`].
-pub fn assert_fds_back_to(limit: usize, what: &str) {
-    let ok = wait_until(T, || open_fds() <= limit);
-    assert!(
-        ok,
-        "{what}: {} descriptors open, expected at most {limit}: {:?}",
-        open_fds(),
-        fd_targets()
-    );
-}
-
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        let n = std::time::SystemTime::UNIX_EPOCH
-            .elapsed()
-            .unwrap_or_default()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("konn-e2e-{tag}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A throw-away PKI on disk (konn-bench's), and the TLS settings of each
+/// A throw-away PKI on disk (konn-testkit's), and the TLS settings of each
 /// party built from it.
 pub struct Pki {
     pub files: PkiFiles,
@@ -113,7 +51,7 @@ pub struct Pki {
 impl Pki {
     pub fn new() -> Self {
         let dir = TempDir::new("pki");
-        let files = konn_bench::pki::write(&dir.0).unwrap();
+        let files = konn_testkit::pki::write(&dir.0).unwrap();
         Self { files, _dir: dir }
     }
 
@@ -248,7 +186,7 @@ pub struct FrontendAddr {
 
 impl FrontendAddr {
     /// A new gRPC frontend connection (one per dial, as kube-apiserver).
-    pub async fn grpc(&self) -> Result<GrpcFrontend, konn_bench::Error> {
+    pub async fn grpc(&self) -> Result<GrpcFrontend, konn_testkit::Error> {
         match (&self.unix, &self.tcp, &self.tls) {
             (Some(p), _, _) => GrpcFrontend::connect_unix(p).await,
             (None, Some(a), Some(tls)) => GrpcFrontend::connect_tls(a, tls).await,
@@ -257,7 +195,7 @@ impl FrontendAddr {
     }
 
     /// A CONNECT request to `target`, its answer not read yet.
-    pub async fn connect_request(&self, target: &str) -> Result<Requested, konn_bench::Error> {
+    pub async fn connect_request(&self, target: &str) -> Result<Requested, konn_testkit::Error> {
         match (&self.unix, &self.tcp, &self.tls) {
             (Some(p), _, _) => ConnectTunnel::request_unix(p, target).await,
             (None, Some(a), Some(tls)) => ConnectTunnel::request_tls(a, tls, target).await,
@@ -266,7 +204,7 @@ impl FrontendAddr {
     }
 
     /// A CONNECT to `target` through the server.
-    pub async fn connect(&self, target: &str) -> Result<ConnectTunnel, konn_bench::Error> {
+    pub async fn connect(&self, target: &str) -> Result<ConnectTunnel, konn_testkit::Error> {
         match (&self.unix, &self.tcp, &self.tls) {
             (Some(p), _, _) => ConnectTunnel::unix(p, target, T).await,
             (None, Some(a), Some(tls)) => ConnectTunnel::tls(a, tls, target, T).await,

@@ -1,7 +1,8 @@
-//! A throw-away PKI for demos and process-level tests: one CA, a serving
-//! certificate for `localhost`/`127.0.0.1`/`::1`, and client certificates
-//! for the agent and for a frontend (kube-apiserver's side), written as PEM
-//! files with the names the demo and the tests pass to the binaries.
+//! A throw-away PKI for demos and tests: one CA, a serving certificate for
+//! `localhost`/`127.0.0.1`/`::1`, and client certificates for the agent and
+//! for a frontend (kube-apiserver's side), as PEM in memory ([`generate`])
+//! or written as files with the names the demo and the tests pass to the
+//! binaries ([`write`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
@@ -54,34 +55,66 @@ fn leaf(
     Ok((cert.pem(), key.serialize_pem()))
 }
 
-/// Generate a fresh PKI and write it into `dir` (created if missing).
-pub fn write(dir: &Path) -> Result<PkiFiles, Error> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::Write(dir.to_owned(), e))?;
+/// A fresh PKI in memory, as PEM.
+#[derive(Clone, Debug)]
+pub struct Pem {
+    /// The CA certificate.
+    pub ca_cert: String,
+    /// Serving certificate for `localhost`, `127.0.0.1` and `::1`.
+    pub server_cert: String,
+    /// See `server_cert`.
+    pub server_key: String,
+    /// The agent's client certificate.
+    pub agent_cert: String,
+    /// See `agent_cert`.
+    pub agent_key: String,
+    /// A frontend client certificate (kube-apiserver's egress client).
+    pub frontend_cert: String,
+    /// See `frontend_cert`.
+    pub frontend_key: String,
+}
+
+/// Generate a fresh PKI: one CA and the certificates it signs.
+pub fn generate() -> Result<Pem, Error> {
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name
         .push(DnType::CommonName, "konn demo CA");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_pem = ca.self_signed(&ca_key)?.pem();
+    let ca_cert = ca.self_signed(&ca_key)?.pem();
     let issuer = Issuer::new(ca, ca_key);
+    let (server_cert, server_key) = leaf(&issuer, "konnectivity-server", true)?;
+    let (agent_cert, agent_key) = leaf(&issuer, "konnectivity-agent", false)?;
+    let (frontend_cert, frontend_key) = leaf(&issuer, "kube-apiserver", false)?;
+    Ok(Pem {
+        ca_cert,
+        server_cert,
+        server_key,
+        agent_cert,
+        agent_key,
+        frontend_cert,
+        frontend_key,
+    })
+}
 
+/// Generate a fresh PKI and write it into `dir` (created if missing).
+pub fn write(dir: &Path) -> Result<PkiFiles, Error> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::Write(dir.to_owned(), e))?;
+    let pem = generate()?;
     let put = |name: &str, body: &str| -> Result<PathBuf, Error> {
         let p = dir.join(name);
         std::fs::write(&p, body).map_err(|e| Error::Write(p.clone(), e))?;
         Ok(p)
     };
-    let (server_cert, server_key) = leaf(&issuer, "konnectivity-server", true)?;
-    let (agent_cert, agent_key) = leaf(&issuer, "konnectivity-agent", false)?;
-    let (frontend_cert, frontend_key) = leaf(&issuer, "kube-apiserver", false)?;
     Ok(PkiFiles {
-        ca_cert: put("ca.crt", &ca_pem)?,
-        server_cert: put("server.crt", &server_cert)?,
-        server_key: put("server.key", &server_key)?,
-        agent_cert: put("agent.crt", &agent_cert)?,
-        agent_key: put("agent.key", &agent_key)?,
-        frontend_cert: put("frontend.crt", &frontend_cert)?,
-        frontend_key: put("frontend.key", &frontend_key)?,
+        ca_cert: put("ca.crt", &pem.ca_cert)?,
+        server_cert: put("server.crt", &pem.server_cert)?,
+        server_key: put("server.key", &pem.server_key)?,
+        agent_cert: put("agent.crt", &pem.agent_cert)?,
+        agent_key: put("agent.key", &pem.agent_key)?,
+        frontend_cert: put("frontend.crt", &pem.frontend_cert)?,
+        frontend_key: put("frontend.key", &pem.frontend_key)?,
     })
 }
 

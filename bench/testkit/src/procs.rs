@@ -277,27 +277,6 @@ pub fn raise_nofile(want: u64) -> u64 {
     lim.rlim_cur
 }
 
-/// A free TCP port on 127.0.0.1 for a child process's listener (bound and
-/// released; good enough for a process started on it right away).
-///
-/// Drawn from 20000–32767, not from the kernel's ephemeral range: upstream's
-/// flag validation (which konn keeps) refuses ports above 49151, and a port
-/// outside the ephemeral range cannot be taken meanwhile by an outgoing
-/// connection.
-pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let seed = std::process::id().wrapping_mul(2_654_435_761);
-    for _ in 0..2000 {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(7919)) % 12_768) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    0
-}
-
 /// A plain HTTP/1.1 GET; returns (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
