@@ -230,6 +230,13 @@ pub enum Error {
     UrlSemicolon,
     /// More query settings than `url.ParseQuery` accepts.
     UrlTooManyParams,
+
+    // ----- destinations (addr) -----
+    /// A `host:port` destination that is not in its one accepted spelling.
+    BadDestination {
+        /// What is wrong with it.
+        what: &'static str,
+    },
 }
 
 impl Error {
@@ -417,6 +424,7 @@ impl core::fmt::Display for Error {
             }
             Self::UrlSemicolon => f.write_str("invalid semicolon separator in query"),
             Self::UrlTooManyParams => f.write_str("number of URL query parameters exceeded limit"),
+            Self::BadDestination { what } => write!(f, "bad destination: {what}"),
         }
     }
 }

@@ -18,6 +18,7 @@
 //!
 //!   connect:: ── HTTP/1.1 CONNECT request parser and response writer
 //!   url:: ── percent-decoding and query parsing as Go's net/url
+//!   addr::    ── strict host:port destinations (the reverse direction)
 //! ```
 //!
 //! ## Rules this crate keeps
@@ -35,6 +36,7 @@
 //!   [`GrpcStatus`]).
 #![forbid(unsafe_code)]
 
+pub mod addr;
 pub mod codes;
 pub mod connect;
 pub mod error;

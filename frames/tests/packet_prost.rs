@@ -98,6 +98,24 @@ fn to_prost(p: &Packet) -> oracle::Packet {
         Packet::Drain => Payload::Drain(oracle::Drain {}),
         Packet::Pause { connect_id } => Payload::Pause(oracle::Pause { connect_id }),
         Packet::Resume { connect_id } => Payload::Resume(oracle::Resume { connect_id }),
+        Packet::ReverseDialReq {
+            protocol,
+            address,
+            random,
+        } => Payload::ReverseDialRequest(oracle::DialRequest {
+            protocol: protocol.to_string(),
+            address: address.to_string(),
+            random,
+        }),
+        Packet::ReverseDialRsp {
+            error,
+            connect_id,
+            random,
+        } => Payload::ReverseDialResponse(oracle::DialResponse {
+            error: error.to_string(),
+            connect_id,
+            random,
+        }),
     };
     oracle::Packet {
         r#type: p.ty().into(),
@@ -165,6 +183,22 @@ fn expected(m: &oracle::Packet) -> Result<Packet, Error> {
                 connect_id: d.connect_id,
             },
         ),
+        Payload::ReverseDialRequest(d) => (
+            102,
+            Packet::ReverseDialReq {
+                protocol: s(&d.protocol),
+                address: s(&d.address),
+                random: d.random,
+            },
+        ),
+        Payload::ReverseDialResponse(d) => (
+            103,
+            Packet::ReverseDialRsp {
+                error: s(&d.error),
+                connect_id: d.connect_id,
+                random: d.random,
+            },
+        ),
     };
     if packet.ty() == ty {
         Ok(packet)
@@ -202,6 +236,16 @@ fn default_packet(ty: PacketType) -> Packet {
         PacketType::Drain => Packet::Drain,
         PacketType::Pause => Packet::Pause { connect_id: 0 },
         PacketType::Resume => Packet::Resume { connect_id: 0 },
+        PacketType::ReverseDialReq => Packet::ReverseDialReq {
+            protocol: ByteStr::new(),
+            address: ByteStr::new(),
+            random: 0,
+        },
+        PacketType::ReverseDialRsp => Packet::ReverseDialRsp {
+            error: ByteStr::new(),
+            connect_id: 0,
+            random: 0,
+        },
     }
 }
 
@@ -295,6 +339,10 @@ fn flow_proto_is_client_proto_plus_the_extension() {
         "Resume resume = 101;",
         "message Pause { int64 connectID = 1; }",
         "message Resume { int64 connectID = 1; }",
+        "REVERSE_DIAL_REQ = 102;",
+        "REVERSE_DIAL_RSP = 103;",
+        "DialRequest reverseDialRequest = 102;",
+        "DialResponse reverseDialResponse = 103;",
     ] {
         assert!(flow.contains(needle), "{needle}");
     }
@@ -322,6 +370,16 @@ fn upstream_decoder_skips_the_extension() {
     for p in [
         Packet::Pause { connect_id: 7 },
         Packet::Resume { connect_id: -7 },
+        Packet::ReverseDialReq {
+            protocol: ByteStr::from_static("tcp"),
+            address: ByteStr::from_static("10.0.0.10:6443"),
+            random: 5,
+        },
+        Packet::ReverseDialRsp {
+            error: ByteStr::new(),
+            connect_id: -1,
+            random: 5,
+        },
     ] {
         let m = oracle_upstream::Packet::decode(&ours(&p)[..]).expect("decodes");
         assert_eq!(m.r#type, i32::from(p.ty()));
@@ -370,6 +428,22 @@ fn seed_packets() -> Vec<(&'static str, Packet)> {
         ("drain", Packet::Drain),
         ("pause", Packet::Pause { connect_id: 3 }),
         ("resume", Packet::Resume { connect_id: 3 }),
+        (
+            "reverse-dial-req",
+            Packet::ReverseDialReq {
+                protocol: s("tcp"),
+                address: s("10.0.0.10:6443"),
+                random: 77,
+            },
+        ),
+        (
+            "reverse-dial-rsp",
+            Packet::ReverseDialRsp {
+                error: s(""),
+                connect_id: -1,
+                random: 77,
+            },
+        ),
     ]
 }
 
@@ -545,13 +619,27 @@ fn any_packet() -> impl Strategy<Value = Packet> {
         Just(Packet::Drain),
         any_i64().prop_map(|connect_id| Packet::Pause { connect_id }),
         any_i64().prop_map(|connect_id| Packet::Resume { connect_id }),
+        (any_string(), any_string(), any_i64()).prop_map(|(protocol, address, random)| {
+            Packet::ReverseDialReq {
+                protocol,
+                address,
+                random,
+            }
+        }),
+        (any_string(), any_i64(), any_i64()).prop_map(|(error, connect_id, random)| {
+            Packet::ReverseDialRsp {
+                error,
+                connect_id,
+                random,
+            }
+        }),
     ]
 }
 
 /// Any prost message, including ones our decoder refuses (unknown `type`,
 /// mismatched or missing payload).
 fn any_prost_message() -> impl Strategy<Value = oracle::Packet> {
-    let ty = prop_oneof![4 => 0i32..7, 1 => 100i32..102, 1 => any::<i32>()];
+    let ty = prop_oneof![4 => 0i32..7, 1 => 100i32..104, 1 => any::<i32>()];
     let payload = prop_oneof![
         1 => Just(None),
         6 => any_packet().prop_map(|p| to_prost(&p).payload),
@@ -739,15 +827,14 @@ fn any_member() -> impl Strategy<Value = WireField> {
         )
             .prop_map(|(field, c)| WireField::Len(field, c)),
     ];
-    let member = prop_oneof![7 => 2u32..=8, 1 => 100u32..=101];
+    let member = prop_oneof![7 => 2u32..=8, 1 => 100u32..=103];
     (member, vec(inner, 0..5)).prop_map(|(member, fields)| WireField::Message(member, fields))
 }
 
 /// The `type` value that goes with oneof member `member`.
 fn type_of_member(member: u32) -> u64 {
     match member {
-        100 => 100,
-        101 => 101,
+        100..=103 => u64::from(member),
         _ => [0, 1, 4, 2, 3, 5, 6][member as usize - 2],
     }
 }

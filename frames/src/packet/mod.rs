@@ -47,6 +47,11 @@
 //!   skips fields 100/101 as unknown and rejects nothing; konn decodes them.
 //!   They are only ever sent to a peer that negotiated them
 //!   (docs/design/tunnel.md, "Flow control").
+//! - konn's node-to-control-plane extension (KEP-2025): `type` 102
+//!   (`REVERSE_DIAL_REQ`) and 103 (`REVERSE_DIAL_RSP`) with the oneof members
+//!   102 and 103, shaped like `DialRequest` and `DialResponse` (see
+//!   [`Packet::ReverseDialReq`]). Only sent to a peer that negotiated them
+//!   (docs/design/reverse.md).
 //! - prost and Go treat `type` as an open enum and never compare it with the
 //!   payload. Here an unknown `type` is [`Error::UnknownPacketType`] and a
 //!   payload that is not the one `type` names is [`Error::PacketTypeMismatch`]
@@ -106,6 +111,11 @@ pub enum PacketType {
     Pause = 100,
     /// `RESUME` (101, konn extension): read the source of a flow again.
     Resume = 101,
+    /// `REVERSE_DIAL_REQ` (102, konn extension): an agent asks the server to
+    /// dial a control-plane destination.
+    ReverseDialReq = 102,
+    /// `REVERSE_DIAL_RSP` (103, konn extension): the server's answer.
+    ReverseDialRsp = 103,
 }
 
 impl PacketType {
@@ -121,13 +131,21 @@ impl PacketType {
         Self::Drain,
     ];
 
-    /// konn's flow-control extension types (never sent to a peer that did
-    /// not negotiate them).
-    pub const EXTENSIONS: [Self; 2] = [Self::Pause, Self::Resume];
+    /// konn's extension types (never sent to a peer that did not
+    /// negotiate them).
+    pub const EXTENSIONS: [Self; 4] = [
+        Self::Pause,
+        Self::Resume,
+        Self::ReverseDialReq,
+        Self::ReverseDialRsp,
+    ];
 
     /// Whether this is one of konn's extension types.
     pub const fn is_extension(self) -> bool {
-        matches!(self, Self::Pause | Self::Resume)
+        matches!(
+            self,
+            Self::Pause | Self::Resume | Self::ReverseDialReq | Self::ReverseDialRsp
+        )
     }
 
     /// The name in `client.proto` (`"DIAL_REQ"`, …), which upstream uses as
@@ -143,6 +161,8 @@ impl PacketType {
             Self::Drain => "DRAIN",
             Self::Pause => "PAUSE",
             Self::Resume => "RESUME",
+            Self::ReverseDialReq => "REVERSE_DIAL_REQ",
+            Self::ReverseDialRsp => "REVERSE_DIAL_RSP",
         }
     }
 
@@ -158,6 +178,8 @@ impl PacketType {
             Self::Drain => 8,
             Self::Pause => PAUSE_FIELD,
             Self::Resume => RESUME_FIELD,
+            Self::ReverseDialReq => REVERSE_DIAL_REQ_FIELD,
+            Self::ReverseDialRsp => REVERSE_DIAL_RSP_FIELD,
         }
     }
 }
@@ -166,16 +188,22 @@ impl PacketType {
 const PAUSE_FIELD: u32 = 100;
 /// Field number of the `resume` oneof member (konn extension).
 const RESUME_FIELD: u32 = 101;
+/// Field number of the `reverseDialRequest` oneof member (konn extension).
+const REVERSE_DIAL_REQ_FIELD: u32 = 102;
+/// Field number of the `reverseDialResponse` oneof member (konn extension).
+const REVERSE_DIAL_RSP_FIELD: u32 = 103;
 
 impl TryFrom<i32> for PacketType {
     type Error = Error;
 
     /// Fails with [`Error::UnknownPacketType`] for values outside 0–6 and
-    /// 100–101.
+    /// 100–103.
     fn try_from(ty: i32) -> Result<Self, Error> {
         match ty {
             100 => Ok(Self::Pause),
             101 => Ok(Self::Resume),
+            102 => Ok(Self::ReverseDialReq),
+            103 => Ok(Self::ReverseDialRsp),
             _ => usize::try_from(ty)
                 .ok()
                 .and_then(|i| Self::ALL.get(i).copied())
@@ -260,6 +288,29 @@ pub enum Packet {
         /// The flow.
         connect_id: i64,
     },
+    /// `REVERSE_DIAL_REQ` (konn extension, type 102, member 102, shaped
+    /// like `DialRequest`): the agent asks the server to dial `address`, a
+    /// key of the server's allow-list; the server dials the destination it
+    /// configured for that key, never the string itself.
+    ReverseDialReq {
+        /// Network, `"tcp"` (anything else is refused).
+        protocol: ByteStr,
+        /// The allow-list key (`host:port`).
+        address: ByteStr,
+        /// The agent's token that the answer echoes.
+        random: i64,
+    },
+    /// `REVERSE_DIAL_RSP` (konn extension, type 103, member 103, shaped like
+    /// `DialResponse`): the server's answer; a connection of the reverse
+    /// direction has a negative, server-assigned id.
+    ReverseDialRsp {
+        /// Why the dial failed (one generic text); empty on success.
+        error: ByteStr,
+        /// The new connection's id (negative) on success.
+        connect_id: i64,
+        /// The `random` of the request this answers.
+        random: i64,
+    },
 }
 
 impl Packet {
@@ -275,6 +326,8 @@ impl Packet {
             Self::Drain => PacketType::Drain,
             Self::Pause { .. } => PacketType::Pause,
             Self::Resume { .. } => PacketType::Resume,
+            Self::ReverseDialReq { .. } => PacketType::ReverseDialReq,
+            Self::ReverseDialRsp { .. } => PacketType::ReverseDialRsp,
         }
     }
 
@@ -349,12 +402,22 @@ impl Packet {
                 protocol,
                 address,
                 random,
+            }
+            | Self::ReverseDialReq {
+                protocol,
+                address,
+                random,
             } => [
                 B(1, protocol.as_bytes()),
                 B(2, address.as_bytes()),
                 I(3, *random),
             ],
             Self::DialRsp {
+                error,
+                connect_id,
+                random,
+            }
+            | Self::ReverseDialRsp {
                 error,
                 connect_id,
                 random,
@@ -523,8 +586,10 @@ enum Kind {
 const fn schema(member: u32) -> [Kind; 3] {
     use Kind::{Bytes, Int64, Str, Unknown};
     match member {
-        2 => [Str, Str, Int64],         // DialRequest{protocol, address, random}
-        3 => [Str, Int64, Int64],       // DialResponse{error, connectID, random}
+        // DialRequest{protocol, address, random}; konn's ReverseDialRequest
+        2 | REVERSE_DIAL_REQ_FIELD => [Str, Str, Int64],
+        // DialResponse{error, connectID, random}; konn's ReverseDialResponse
+        3 | REVERSE_DIAL_RSP_FIELD => [Str, Int64, Int64],
         4 => [Int64, Str, Bytes],       // Data{connectID, error, data}
         5 => [Int64, Unknown, Unknown], // CloseRequest{connectID}
         6 => [Str, Int64, Unknown],     // CloseResponse{error, connectID}
@@ -558,7 +623,11 @@ impl RawPacket {
                     // bits (prost and protobuf-go alike).
                     raw.ty = cursor.read_varint()? as i32;
                 }
-                2..=8 | PAUSE_FIELD | RESUME_FIELD => {
+                2..=8
+                | PAUSE_FIELD
+                | RESUME_FIELD
+                | REVERSE_DIAL_REQ_FIELD
+                | REVERSE_DIAL_RSP_FIELD => {
                     expect_wire_type(field, wire_type, wire::LEN)?;
                     let span = cursor.read_len()?;
                     if raw.member != field {
@@ -642,6 +711,16 @@ impl RawPacket {
             PacketType::Drain => Packet::Drain,
             PacketType::Pause => Packet::Pause { connect_id: a.int },
             PacketType::Resume => Packet::Resume { connect_id: a.int },
+            PacketType::ReverseDialReq => Packet::ReverseDialReq {
+                protocol: string(a),
+                address: string(b),
+                random: c.int,
+            },
+            PacketType::ReverseDialRsp => Packet::ReverseDialRsp {
+                error: string(a),
+                connect_id: b.int,
+                random: c.int,
+            },
         })
     }
 }

@@ -115,7 +115,7 @@ fn packet_type_values_and_names() {
         assert_eq!(ty.name(), names[i]);
         assert_eq!(ty.to_string(), names[i]);
     }
-    for bad in [7, 99, 102, -1, -100, i32::MIN, i32::MAX] {
+    for bad in [7, 99, 104, -1, -100, i32::MIN, i32::MAX] {
         assert_eq!(
             PacketType::try_from(bad),
             Err(Error::UnknownPacketType { ty: bad })
@@ -275,10 +275,33 @@ fn decodes_extension_packets_like_other_members() {
             payload_field: 101
         })
     );
-    // Field 102 is not a member: skipped as unknown.
+    // Field 104 is not a member: skipped as unknown.
     assert_eq!(
-        Msg::new().varint(1, 6).msg(102, Msg::new()).decode(),
+        Msg::new().varint(1, 6).msg(104, Msg::new()).decode(),
         Ok(Packet::Drain)
+    );
+    // The reverse-direction members are DialRequest/DialResponse-shaped.
+    let m = Msg::new().varint(1, 102).msg(
+        102,
+        Msg::new()
+            .len(1, b"tcp")
+            .len(2, b"10.0.0.10:6443")
+            .varint(3, 9),
+    );
+    assert_eq!(
+        m.decode(),
+        Ok(Packet::ReverseDialReq {
+            protocol: ByteStr::from_static("tcp"),
+            address: ByteStr::from_static("10.0.0.10:6443"),
+            random: 9,
+        })
+    );
+    assert_eq!(
+        Msg::new().varint(1, 1).msg(103, Msg::new()).decode(),
+        Err(Error::PacketTypeMismatch {
+            ty: 1,
+            payload_field: 103
+        })
     );
 }
 

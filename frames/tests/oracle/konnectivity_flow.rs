@@ -3,7 +3,7 @@
 pub struct Packet {
     #[prost(enumeration = "PacketType", tag = "1")]
     pub r#type: i32,
-    #[prost(oneof = "packet::Payload", tags = "2, 3, 4, 5, 6, 7, 8, 100, 101")]
+    #[prost(oneof = "packet::Payload", tags = "2, 3, 4, 5, 6, 7, 8, 100, 101, 102, 103")]
     pub payload: ::core::option::Option<packet::Payload>,
 }
 /// Nested message and enum types in `Packet`.
@@ -30,6 +30,12 @@ pub mod packet {
         /// konn-flow-control
         #[prost(message, tag = "101")]
         Resume(super::Resume),
+        /// konn-flow-control
+        #[prost(message, tag = "102")]
+        ReverseDialRequest(super::DialRequest),
+        /// konn-flow-control
+        #[prost(message, tag = "103")]
+        ReverseDialResponse(super::DialResponse),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -103,6 +109,10 @@ pub enum PacketType {
     Pause = 100,
     /// konn-flow-control
     Resume = 101,
+    /// konn-flow-control
+    ReverseDialReq = 102,
+    /// konn-flow-control
+    ReverseDialRsp = 103,
 }
 impl PacketType {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -120,6 +130,8 @@ impl PacketType {
             Self::Drain => "DRAIN",
             Self::Pause => "PAUSE",
             Self::Resume => "RESUME",
+            Self::ReverseDialReq => "REVERSE_DIAL_REQ",
+            Self::ReverseDialRsp => "REVERSE_DIAL_RSP",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -134,6 +146,8 @@ impl PacketType {
             "DRAIN" => Some(Self::Drain),
             "PAUSE" => Some(Self::Pause),
             "RESUME" => Some(Self::Resume),
+            "REVERSE_DIAL_REQ" => Some(Self::ReverseDialReq),
+            "REVERSE_DIAL_RSP" => Some(Self::ReverseDialRsp),
             _ => None,
         }
     }
