@@ -192,3 +192,90 @@ mod tests {
         }
     }
 }
+
+/// konn's metrics of the reverse direction (KEP-2025, node network →
+/// control plane), registered by both binaries under the same names, each
+/// counting its own side: `konn_reverse_dials_total{result}`,
+/// `konn_reverse_refusals_total{reason}`, `konn_reverse_connections` and
+/// `konn_reverse_bytes_total{direction}`. Not upstream's (upstream has no
+/// reverse direction), hence the `konn_` prefix.
+#[derive(Debug, Clone, Copy)]
+pub struct ReverseFamilies {
+    dials: CounterVec,
+    refusals: CounterVec,
+    connections: super::GaugeVec,
+    bytes: CounterVec,
+}
+
+/// The outcome of a reverse dial (`result` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReverseResult {
+    /// The destination answered: the connection is open.
+    Ok = 0,
+    /// Refused or failed (the reason is counted on the side that knows it).
+    Refused = 1,
+}
+
+/// Which way reverse-direction bytes went (`direction` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReverseDirection {
+    /// From the node network to the control plane.
+    ToControlPlane = 0,
+    /// From the control plane to the node network.
+    ToNode = 1,
+}
+
+const REVERSE_RESULTS: [&str; 2] = ["ok", "refused"];
+const REVERSE_DIRECTIONS: [&str; 2] = ["to_control_plane", "to_node"];
+
+impl ReverseFamilies {
+    /// Registers the families; `reasons` are the refusal labels this side
+    /// can count.
+    pub fn register(builder: &mut RegistryBuilder, reasons: &[&str]) -> Self {
+        Self {
+            dials: builder.counter_vec(
+                "konn_reverse_dials_total",
+                "Reverse-direction (node network to control plane) dials, by result.",
+                &["result"],
+                &[&REVERSE_RESULTS],
+            ),
+            refusals: builder.counter_vec(
+                "konn_reverse_refusals_total",
+                "Reverse-direction dials refused or failed, by reason (the peer only ever sees one generic error).",
+                &["reason"],
+                &[reasons],
+            ),
+            connections: builder.gauge(
+                "konn_reverse_connections",
+                "Open reverse-direction connections.",
+            ),
+            bytes: builder.counter_vec(
+                "konn_reverse_bytes_total",
+                "Bytes carried by reverse-direction connections, by direction.",
+                &["direction"],
+                &[&REVERSE_DIRECTIONS],
+            ),
+        }
+    }
+
+    /// `konn_reverse_dials_total{result}`.
+    pub fn dials(&self, result: ReverseResult) -> CounterId {
+        self.dials.series(&[result as usize])
+    }
+
+    /// `konn_reverse_refusals_total{reason}`: `reason` indexes the labels
+    /// given to [`ReverseFamilies::register`].
+    pub fn refusals(&self, reason: usize) -> CounterId {
+        self.refusals.series(&[reason])
+    }
+
+    /// `konn_reverse_connections`.
+    pub fn connections(&self) -> super::GaugeId {
+        self.connections.series(&[])
+    }
+
+    /// `konn_reverse_bytes_total{direction}`.
+    pub fn bytes(&self, direction: ReverseDirection) -> CounterId {
+        self.bytes.series(&[direction as usize])
+    }
+}

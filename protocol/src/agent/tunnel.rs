@@ -22,6 +22,15 @@
 //! - an endpoint whose queue drains nothing for the stuck timeout is closed
 //!   with [`STUCK`] ([`Tunnel::handle_timeout`]) and its credit returned.
 //!
+//! The reverse direction (KEP-2025, docs/design/reverse.md), with konn's
+//! `konn-reverse` extension negotiated ([`Tunnel::set_reverse`]): a
+//! connection the agent accepted on a node-local listener asks the server
+//! to dial with REVERSE_DIAL_REQ ([`Tunnel::reverse_open`]); the answer
+//! carries a negative, server-assigned connection id, and from then on the
+//! connection is an endpoint like any other (DATA both ways, the same flow
+//! control), except that the agent plays the frontend: when its local
+//! client goes away it sends CLOSE_REQ, not CLOSE_RSP.
+//!
 //! The per-endpoint accounting is [`crate::flow::FlowRx`]
 //! (docs/design/tunnel.md, "Flow control"). The IO layer performs the
 //! [`Action`]s: dialling with a timeout, writing payloads to endpoints,
@@ -118,6 +127,20 @@ pub enum Action {
     DialFailed(DialFailure),
     /// A dial succeeded (metrics: the IO layer measured its duration).
     DialSucceeded,
+    /// The server dialled reverse dial `random`: the accepted connection is
+    /// endpoint `connect_id` (negative) from now on.
+    ReverseEstablished {
+        /// The agent's dial id.
+        random: i64,
+        /// The endpoint's id.
+        connect_id: i64,
+    },
+    /// Reverse dial `random` was refused or failed, or the tunnel went:
+    /// close the accepted connection.
+    ReverseFailed {
+        /// The agent's dial id.
+        random: i64,
+    },
 }
 
 /// An open endpoint's flow-control state.
@@ -163,6 +186,10 @@ pub struct Tunnel {
     draining: bool,
     /// Both sides negotiated PAUSE/RESUME.
     flow_control: bool,
+    /// Both sides negotiated the reverse direction.
+    reverse: bool,
+    /// Reverse dials waiting for the server's answer (the agent's ids).
+    reverse_pending: std::collections::BTreeSet<i64>,
 }
 
 impl Tunnel {
@@ -175,7 +202,48 @@ impl Tunnel {
             actions: std::collections::VecDeque::new(),
             draining: false,
             flow_control: false,
+            reverse: false,
+            reverse_pending: std::collections::BTreeSet::new(),
         }
+    }
+
+    /// The server answered the agent's `konn-reverse` offer: reverse dials
+    /// may be asked for from now on.
+    pub fn set_reverse(&mut self, on: bool) {
+        self.reverse = on;
+    }
+
+    /// Whether the reverse direction was negotiated.
+    pub fn reverse(&self) -> bool {
+        self.reverse
+    }
+
+    /// Ask the server to dial `address` (an allow-list key) for a
+    /// connection the agent accepted; `random` identifies it until the
+    /// answer ([`Action::ReverseEstablished`] or [`Action::ReverseFailed`]).
+    /// Returns false — and asks nothing — when the extension was not
+    /// negotiated, the id is in use, or the tunnel is at its endpoint
+    /// limit: the IO layer closes the connection.
+    pub fn reverse_open(&mut self, random: i64, address: &str) -> bool {
+        if !self.reverse
+            || self.reverse_pending.contains(&random)
+            || self.endpoints.len() + self.reverse_pending.len() >= self.cfg.max_endpoints
+        {
+            return false;
+        }
+        self.reverse_pending.insert(random);
+        self.actions
+            .push_back(Action::ToServer(Packet::ReverseDialReq {
+                protocol: ByteStr::from_static("tcp"),
+                address: ByteStr::from(address.to_owned()),
+                random,
+            }));
+        true
+    }
+
+    /// Reverse dials waiting for an answer.
+    pub fn reverse_pending(&self) -> usize {
+        self.reverse_pending.len()
     }
 
     /// The server answered the agent's `konn-flow-control` offer: PAUSE
@@ -299,13 +367,21 @@ impl Tunnel {
                     self.actions.push_back(Action::ResumeRead { connect_id });
                 }
             }
+            Packet::ReverseDialRsp {
+                error,
+                connect_id,
+                random,
+            } if self.reverse => self.reverse_dial_rsp(random, connect_id, error.is_empty()),
             // Not for an agent, or not negotiated: ignored, as upstream
-            // ignores packets it does not expect.
+            // ignores packets it does not expect (CLOSE_RSP answers a
+            // reverse connection's CLOSE_REQ, already forgotten here).
             Packet::DialRsp { .. }
             | Packet::CloseRsp { .. }
             | Packet::Drain
             | Packet::Pause { .. }
-            | Packet::Resume { .. } => {}
+            | Packet::Resume { .. }
+            | Packet::ReverseDialReq { .. }
+            | Packet::ReverseDialRsp { .. } => {}
         }
         // Everything but DATA to an open endpoint is done with.
         self.release(credit);
@@ -447,11 +523,12 @@ impl Tunnel {
     }
 
     /// The destination closed (EOF or error) and everything read from it
-    /// has been sent: tell the server (upstream sends CLOSE_RSP).
+    /// has been sent: tell the server (upstream sends CLOSE_RSP; a reverse
+    /// connection's local client ending sends CLOSE_REQ).
     pub fn endpoint_closed(&mut self, connect_id: i64) {
         if self.remove_open(connect_id) {
             self.actions.push_back(Action::Close { connect_id });
-            self.close_rsp(connect_id, "");
+            self.closed(connect_id, "");
         }
     }
 
@@ -460,7 +537,36 @@ impl Tunnel {
     pub fn endpoint_stuck(&mut self, connect_id: i64) {
         if self.remove_open(connect_id) {
             self.actions.push_back(Action::Abort { connect_id });
-            self.close_rsp(connect_id, STUCK);
+            self.closed(connect_id, STUCK);
+        }
+    }
+
+    /// Tell the server this side closed `connect_id`.
+    fn closed(&mut self, connect_id: i64, error: &str) {
+        if connect_id < 0 {
+            self.actions
+                .push_back(Action::ToServer(Packet::CloseReq { connect_id }));
+        } else {
+            self.close_rsp(connect_id, error);
+        }
+    }
+
+    fn reverse_dial_rsp(&mut self, random: i64, connect_id: i64, ok: bool) {
+        if !self.reverse_pending.remove(&random) {
+            return; // not ours, or answered already
+        }
+        if ok && connect_id < 0 && !self.endpoints.contains_key(&connect_id) {
+            self.endpoints
+                .insert(connect_id, Endpoint::Open(Flow::default()));
+            self.actions
+                .push_back(Action::ReverseEstablished { random, connect_id });
+        } else {
+            if ok {
+                // A malformed success: the server gets its connection back.
+                self.actions
+                    .push_back(Action::ToServer(Packet::CloseReq { connect_id }));
+            }
+            self.actions.push_back(Action::ReverseFailed { random });
         }
     }
 
@@ -473,6 +579,9 @@ impl Tunnel {
 
     /// The tunnel is gone: every endpoint closes, every dial is abandoned.
     pub fn tunnel_gone(&mut self) {
+        for random in std::mem::take(&mut self.reverse_pending) {
+            self.actions.push_back(Action::ReverseFailed { random });
+        }
         let mut ids: Vec<(i64, bool)> = self
             .endpoints
             .drain()
@@ -958,5 +1067,147 @@ mod tests {
         }
         t.server_packet(at(0), Packet::CloseReq { connect_id: 1 }, 33);
         assert_eq!(released(&actions(&mut t)), 33);
+    }
+
+    fn reverse_tunnel() -> Tunnel {
+        let mut t = Tunnel::new(TunnelConfig {
+            max_endpoints: 3,
+            ..TunnelConfig::default()
+        });
+        t.set_reverse(true);
+        t
+    }
+
+    fn reverse_rsp(random: i64, connect_id: i64, error: &'static str) -> Packet {
+        Packet::ReverseDialRsp {
+            error: ByteStr::from_static(error),
+            connect_id,
+            random,
+        }
+    }
+
+    #[test]
+    fn a_reverse_connection_is_an_endpoint_whose_agent_side_closes_with_close_req() {
+        let mut t = reverse_tunnel();
+        assert!(t.reverse_open(9, "10.0.0.10:6443"));
+        assert_eq!(
+            actions(&mut t),
+            vec![Action::ToServer(Packet::ReverseDialReq {
+                protocol: ByteStr::from_static("tcp"),
+                address: ByteStr::from_static("10.0.0.10:6443"),
+                random: 9,
+            })]
+        );
+        assert_eq!(t.reverse_pending(), 1);
+        t.server_packet(at(0), reverse_rsp(9, -1, ""), 20);
+        assert_eq!(
+            actions(&mut t),
+            vec![
+                Action::ReverseEstablished {
+                    random: 9,
+                    connect_id: -1
+                },
+                Action::Release(20)
+            ]
+        );
+        assert!(t.is_open(-1));
+        // Data from the control plane goes to the local client.
+        let hi = Packet::Data {
+            connect_id: -1,
+            error: ByteStr::new(),
+            data: Bytes::from_static(b"hi"),
+        };
+        t.server_packet(at(0), hi, 12);
+        assert!(matches!(
+            &actions(&mut t)[..],
+            [Action::Write { connect_id: -1, .. }, Action::Release(12)]
+        ));
+        t.endpoint_drained(-1, 2, at(0));
+        actions(&mut t);
+        // The local client leaves: CLOSE_REQ, not CLOSE_RSP.
+        t.endpoint_closed(-1);
+        assert_eq!(
+            actions(&mut t),
+            vec![
+                Action::Close { connect_id: -1 },
+                Action::ToServer(Packet::CloseReq { connect_id: -1 })
+            ]
+        );
+        // The server's answer is ignored.
+        t.server_packet(
+            at(0),
+            Packet::CloseRsp {
+                error: ByteStr::new(),
+                connect_id: -1,
+            },
+            5,
+        );
+        assert_eq!(actions(&mut t), vec![Action::Release(5)]);
+        assert_eq!((t.endpoints(), t.reverse_pending()), (0, 0));
+    }
+
+    #[test]
+    fn the_server_closing_a_reverse_connection_is_answered() {
+        let mut t = reverse_tunnel();
+        t.reverse_open(9, "a:1");
+        t.server_packet(at(0), reverse_rsp(9, -4, ""), 0);
+        actions(&mut t);
+        t.server_packet(at(0), Packet::CloseReq { connect_id: -4 }, 0);
+        assert_eq!(
+            actions(&mut t),
+            vec![
+                Action::Close { connect_id: -4 },
+                Action::ToServer(Packet::CloseRsp {
+                    error: ByteStr::new(),
+                    connect_id: -4
+                })
+            ]
+        );
+        assert_eq!(t.endpoints(), 0);
+    }
+
+    #[test]
+    fn reverse_refusals_and_limits() {
+        // Not negotiated: nothing is asked.
+        let mut t = Tunnel::new(TunnelConfig::default());
+        assert!(!t.reverse_open(1, "a:1"));
+        assert!(actions(&mut t).is_empty());
+        let mut t = reverse_tunnel();
+        // Refused: the accepted connection closes.
+        t.reverse_open(1, "a:1");
+        actions(&mut t);
+        t.server_packet(at(0), reverse_rsp(1, 0, "konn: reverse dial refused"), 0);
+        assert_eq!(actions(&mut t), vec![Action::ReverseFailed { random: 1 }]);
+        // A success with a non-negative id is refused too, and given back.
+        t.reverse_open(2, "a:1");
+        actions(&mut t);
+        t.server_packet(at(0), reverse_rsp(2, 5, ""), 0);
+        assert_eq!(
+            actions(&mut t),
+            vec![
+                Action::ToServer(Packet::CloseReq { connect_id: 5 }),
+                Action::ReverseFailed { random: 2 }
+            ]
+        );
+        // An answer nobody asked for is ignored.
+        t.server_packet(at(0), reverse_rsp(99, -9, ""), 0);
+        assert!(actions(&mut t).is_empty());
+        // A reused id, and the endpoint limit (3).
+        assert!(t.reverse_open(3, "a:1"));
+        assert!(!t.reverse_open(3, "a:1"));
+        assert!(t.reverse_open(4, "a:1"));
+        assert!(t.reverse_open(5, "a:1"));
+        assert!(!t.reverse_open(6, "a:1"));
+        // The tunnel goes: every waiting connection closes.
+        actions(&mut t);
+        t.tunnel_gone();
+        assert_eq!(
+            actions(&mut t),
+            vec![
+                Action::ReverseFailed { random: 3 },
+                Action::ReverseFailed { random: 4 },
+                Action::ReverseFailed { random: 5 }
+            ]
+        );
     }
 }

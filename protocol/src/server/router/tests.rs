@@ -9,6 +9,7 @@ use konn_frames::packet::{ByteStr, Packet};
 use super::*;
 use crate::flow::FlowLimits;
 use crate::server::backends::{Directory, Identifiers, Strategy};
+use crate::server::router::{REVERSE_REFUSED, ReverseConfig, ReverseRefusal};
 
 fn t0() -> Instant {
     crate::test_epoch()
@@ -700,7 +701,9 @@ fn flow_router(negotiated: bool, kind: FrontendKind, fid: FrontendId) -> Router 
     r.frontend_opened(fid, kind);
     match kind {
         FrontendKind::Grpc => from_frontend(&mut r, t0(), fid, dial_req(42)),
-        FrontendKind::HttpConnect => r.connect_request(t0(), fid, "a:1", 42, 0),
+        FrontendKind::HttpConnect | FrontendKind::Reverse => {
+            r.connect_request(t0(), fid, "a:1", 42, 0)
+        }
     }
     from_backend(&mut r, t0(), 1, dial_rsp(42, 7, ""));
     actions(&mut r);
@@ -1222,4 +1225,224 @@ fn a_core_cannot_send_into_another_cores_relayed_connection() {
     from_frontend(&mut m.r[0], now, 1, data(3, b"y"));
     m.pump(now);
     assert_eq!(to_backend_packets(&m.take(1)), vec![(7, data(3, b"y"))]);
+}
+
+// ----- the reverse direction (KEP-2025) ----------------------------------------
+
+fn reverse_router(allowed: &[&str]) -> Router {
+    let mut r = Router::new(
+        RouterConfig {
+            reverse: ReverseConfig {
+                allowed: allowed
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| ((*a).to_owned(), i))
+                    .collect(),
+                max_per_agent: 2,
+                dials_per_second: 1.0,
+                burst: 3,
+            },
+            ..RouterConfig::default()
+        },
+        Directory::new(vec![Strategy::Default]),
+    );
+    with_agent(&mut r, 1);
+    r.set_reverse(1, true);
+    r
+}
+
+fn reverse_req(address: &str, random: i64) -> Packet {
+    Packet::ReverseDialReq {
+        protocol: ByteStr::from_static("tcp"),
+        address: ByteStr::from(address.to_owned()),
+        random,
+    }
+}
+
+fn refusals(acts: &[Action]) -> Vec<ReverseRefusal> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::ReverseRefused(why) => Some(*why),
+            _ => None,
+        })
+        .collect()
+}
+
+fn refused_rsp(random: i64) -> Packet {
+    Packet::ReverseDialRsp {
+        error: ByteStr::from_static(REVERSE_REFUSED),
+        connect_id: 0,
+        random,
+    }
+}
+
+#[test]
+fn reverse_dial_allowed_connects_and_carries_data_both_ways() {
+    let mut r = reverse_router(&["10.0.0.10:6443"]);
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 7));
+    let acts = actions(&mut r);
+    assert_eq!(
+        acts,
+        vec![Action::ReverseDial {
+            backend: 1,
+            random: 7,
+            target: 0
+        }]
+    );
+    assert_eq!(r.stats().reverse_pending, 1);
+    let id = r.reverse_dialed(1, 7, 500).expect("wanted");
+    assert!(id < 0, "server-assigned ids are negative: {id}");
+    let acts = actions(&mut r);
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![(
+            1,
+            Packet::ReverseDialRsp {
+                error: ByteStr::new(),
+                connect_id: id,
+                random: 7
+            }
+        )]
+    );
+    assert_eq!((r.stats().reverse_open, r.stats().established), (1, 0));
+    // Agent → destination: served like a CONNECT frontend's socket.
+    from_backend(&mut r, t0(), 1, data(id, b"GET /"));
+    assert!(matches!(
+        &actions(&mut r)[..],
+        [Action::ConnectData { frontend: 500, data }] if &data[..] == b"GET /"
+    ));
+    // Destination → agent.
+    assert!(r.connect_data(500, framed(&data(id, b"200"))));
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(1, data(id, b"200"))]
+    );
+    // The agent's client leaves: the socket closes, CLOSE_RSP answers.
+    from_backend(&mut r, t0(), 1, Packet::CloseReq { connect_id: id });
+    let acts = actions(&mut r);
+    assert!(acts.contains(&Action::CloseFrontend { frontend: 500 }));
+    assert_eq!(
+        to_backend_packets(&acts),
+        vec![(
+            1,
+            Packet::CloseRsp {
+                error: ByteStr::new(),
+                connect_id: id
+            }
+        )]
+    );
+    assert_eq!(
+        r.stats(),
+        RouterStats {
+            backends: 1,
+            ..RouterStats::default()
+        }
+    );
+}
+
+#[test]
+fn reverse_destination_closing_first_sends_close_req() {
+    let mut r = reverse_router(&["10.0.0.10:6443"]);
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 7));
+    actions(&mut r);
+    let id = r.reverse_dialed(1, 7, 500).unwrap();
+    actions(&mut r);
+    r.frontend_gone(500);
+    assert_eq!(
+        to_backend_packets(&actions(&mut r)),
+        vec![(1, Packet::CloseReq { connect_id: id })]
+    );
+    assert_eq!(
+        r.stats(),
+        RouterStats {
+            backends: 1,
+            ..RouterStats::default()
+        }
+    );
+}
+
+#[test]
+fn reverse_refusals_are_generic_and_counted_by_reason() {
+    let mut r = reverse_router(&["10.0.0.10:6443"]);
+    let cases = [
+        (
+            reverse_req("10.0.0.10:6443 ", 1),
+            ReverseRefusal::NotAllowed,
+        ),
+        (reverse_req("127.0.0.1:6443", 2), ReverseRefusal::NotAllowed),
+        (
+            Packet::ReverseDialReq {
+                protocol: ByteStr::from_static("udp"),
+                address: ByteStr::from_static("10.0.0.10:6443"),
+                random: 3,
+            },
+            ReverseRefusal::Protocol,
+        ),
+    ];
+    for (p, why) in cases {
+        let random = match &p {
+            Packet::ReverseDialReq { random, .. } => *random,
+            _ => unreachable!(),
+        };
+        from_backend(&mut r, t0(), 1, p);
+        let acts = actions(&mut r);
+        assert_eq!(refusals(&acts), vec![why]);
+        assert_eq!(to_backend_packets(&acts), vec![(1, refused_rsp(random))]);
+    }
+    // Two in flight is the limit; a third is refused.
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 10));
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 10));
+    assert_eq!(
+        refusals(&actions(&mut r)),
+        vec![ReverseRefusal::DuplicateId]
+    );
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 11));
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 12));
+    assert_eq!(
+        refusals(&actions(&mut r)),
+        vec![ReverseRefusal::Concurrency]
+    );
+    // A failed dial answers with the same text.
+    r.reverse_dial_failed(1, 10, ReverseRefusal::Timeout);
+    let acts = actions(&mut r);
+    assert_eq!(refusals(&acts), vec![ReverseRefusal::Timeout]);
+    assert_eq!(to_backend_packets(&acts), vec![(1, refused_rsp(10))]);
+    // The third token of the bucket (3) at t0; then it is empty.
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 13));
+    assert!(refusals(&actions(&mut r)).is_empty());
+    r.reverse_dial_failed(1, 11, ReverseRefusal::DialError);
+    r.reverse_dial_failed(1, 13, ReverseRefusal::DialError);
+    actions(&mut r);
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 14));
+    assert_eq!(refusals(&actions(&mut r)), vec![ReverseRefusal::Rate]);
+    // One token a second.
+    from_backend(&mut r, at(1), 1, reverse_req("10.0.0.10:6443", 15));
+    assert!(refusals(&actions(&mut r)).is_empty(), "a second later");
+}
+
+#[test]
+fn reverse_needs_negotiation_and_an_allow_list() {
+    // Not negotiated: ignored.
+    let mut r = reverse_router(&["10.0.0.10:6443"]);
+    r.set_reverse(1, false);
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 7));
+    assert!(actions(&mut r).is_empty());
+    // No allow-list: everything refused.
+    let mut r = reverse_router(&[]);
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 7));
+    assert_eq!(refusals(&actions(&mut r)), vec![ReverseRefusal::NotAllowed]);
+}
+
+#[test]
+fn reverse_connections_end_with_their_tunnel_and_late_dials_are_dropped() {
+    let mut r = reverse_router(&["10.0.0.10:6443"]);
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 7));
+    from_backend(&mut r, t0(), 1, reverse_req("10.0.0.10:6443", 8));
+    actions(&mut r);
+    r.reverse_dialed(1, 7, 500).unwrap();
+    actions(&mut r);
+    r.backend_gone(1);
+    assert!(actions(&mut r).contains(&Action::CloseFrontend { frontend: 500 }));
+    assert_eq!(r.reverse_dialed(1, 8, 501), None, "the tunnel went");
+    assert_eq!(r.stats(), RouterStats::default());
 }
