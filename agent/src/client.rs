@@ -70,6 +70,13 @@ impl ConnectParams {
                 Bytes::from_static(b"1"),
             );
         }
+        if self.settings.reverse {
+            // konn's reverse direction (KEP-2025), offered with --target.
+            md.push(
+                Bytes::from_static(crate::conn::REVERSE_KEY.as_bytes()),
+                Bytes::from_static(b"1"),
+            );
+        }
         if let Some(path) = &self.token_path {
             let token = std::fs::read(path).map_err(Error::Io)?;
             let mut value = b"Bearer ".to_vec();

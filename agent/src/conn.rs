@@ -65,6 +65,10 @@ const HEADROOM: usize = 32;
 /// extension; its value is `1`. A Go peer ignores it.
 pub const FLOW_CONTROL_KEY: &str = "konn-flow-control";
 
+/// The request metadata key (and response header) of konn's reverse
+/// direction (KEP-2025, docs/design/reverse.md); its value is `1`.
+pub const REVERSE_KEY: &str = "konn-reverse";
+
 /// Tunnel settings.
 #[derive(Clone, Debug)]
 pub struct TunnelSettings {
@@ -89,6 +93,9 @@ pub struct TunnelSettings {
     /// `konn-flow-control: 1`); it is used only if the server answers with
     /// the same response header.
     pub flow_control: bool,
+    /// Offer the reverse direction (`konn-reverse: 1`): set when the agent
+    /// has `--target`s.
+    pub reverse: bool,
 }
 
 impl TunnelSettings {
@@ -108,6 +115,7 @@ impl Default for TunnelSettings {
             tunnel: TunnelConfig::default(),
             warn_on_queue_limit: false,
             flow_control: true,
+            reverse: false,
         }
     }
 }
@@ -121,6 +129,8 @@ pub enum TunnelEvent {
         server_id: String,
         /// `servercount` response header.
         server_count: usize,
+        /// The server agreed to the reverse direction (`konn-reverse`).
+        reverse: bool,
     },
     /// The call failed before response headers (e.g. authentication), or
     /// the headers were malformed.
@@ -160,6 +170,14 @@ pub trait TunnelObserver {
     /// done); every [`endpoint_opened`](Self::endpoint_opened) is matched
     /// by exactly one of these.
     fn endpoint_closed(&self) {}
+    /// A reverse dial was answered: `true` connected, `false` refused (or
+    /// the tunnel ended first).
+    fn reverse_dialed(&self, _ok: bool) {}
+    /// A reverse connection opened (`true`) or its socket was released.
+    fn reverse_connection(&self, _open: bool) {}
+    /// A reverse connection carried `n` bytes towards the control plane
+    /// (`true`) or towards the node.
+    fn reverse_bytes(&self, _to_control_plane: bool, _n: usize) {}
 }
 
 /// The observer of a tunnel nobody watches.
@@ -167,19 +185,29 @@ struct Unobserved;
 
 impl TunnelObserver for Unobserved {}
 
-/// Tells the observer when an endpoint's last task lets go of it.
-struct EndpointGuard(Rc<dyn TunnelObserver>);
+/// Tells the observer when an endpoint's last task lets go of it (a
+/// reverse connection, negative id, is counted as such, not as one of
+/// upstream's endpoints).
+struct EndpointGuard(Rc<dyn TunnelObserver>, bool);
 
 impl EndpointGuard {
-    fn new(observer: Rc<dyn TunnelObserver>) -> Self {
-        observer.endpoint_opened();
-        Self(observer)
+    fn new(observer: Rc<dyn TunnelObserver>, reverse: bool) -> Self {
+        if reverse {
+            observer.reverse_connection(true);
+        } else {
+            observer.endpoint_opened();
+        }
+        Self(observer, reverse)
     }
 }
 
 impl Drop for EndpointGuard {
     fn drop(&mut self) {
-        self.0.endpoint_closed();
+        if self.1 {
+            self.0.reverse_connection(false);
+        } else {
+            self.0.endpoint_closed();
+        }
     }
 }
 
@@ -249,7 +277,7 @@ impl Endpoint {
             drained: Cell::new(0),
             drained_at: Cell::new(None),
             urgent: Cell::new(false),
-            _open: EndpointGuard::new(observer),
+            _open: EndpointGuard::new(observer, connect_id < 0),
         }
     }
 }
@@ -260,6 +288,8 @@ pub struct TunnelHandler {
     ctx: Rc<Ctx>,
     endpoints: HashMap<i64, Rc<Endpoint>>,
     dials: HashMap<i64, Rc<Notify>>,
+    /// Accepted connections waiting for their reverse dial's answer.
+    reverse_waiting: HashMap<i64, monoio::net::TcpStream>,
     me: WeakConnHandle<Grpc, Self>,
     report: Box<dyn FnMut(TunnelEvent)>,
     connected: bool,
@@ -301,6 +331,7 @@ impl TunnelHandler {
             }),
             endpoints: HashMap::new(),
             dials: HashMap::new(),
+            reverse_waiting: HashMap::new(),
             me: WeakConnHandle::default(),
             report,
             connected: false,
@@ -337,6 +368,30 @@ impl TunnelHandler {
             open_endpoints: self.endpoints.len(),
             ..self.counters
         }
+    }
+
+    /// Whether this tunnel carries reverse dials (the server agreed).
+    pub fn reverse_ready(&self) -> bool {
+        self.tunnel.reverse()
+    }
+
+    /// A connection accepted on a `--target` listener: ask the server to
+    /// dial `destination` for it (identified by `random`). Returns the
+    /// stream back when this tunnel cannot ask (extension not agreed, id in
+    /// use, endpoint limit).
+    pub fn reverse_accept(
+        &mut self,
+        grpc: &mut Grpc,
+        stream: monoio::net::TcpStream,
+        destination: &str,
+        random: i64,
+    ) -> Result<(), monoio::net::TcpStream> {
+        if !self.tunnel.reverse_open(random, destination) {
+            return Err(stream);
+        }
+        self.reverse_waiting.insert(random, stream);
+        self.apply(grpc);
+        Ok(())
     }
 
     /// Send DRAIN to the server (first shutdown signal).
@@ -446,7 +501,39 @@ impl TunnelHandler {
                     self.counters.dial_failures[usize::from(why == DialFailure::Unknown)] += 1;
                 }
                 Action::DialSucceeded => self.counters.dials += 1,
+                Action::ReverseEstablished { random, connect_id } => {
+                    let Some(stream) = self.reverse_waiting.remove(&random) else {
+                        continue;
+                    };
+                    tracing::debug!(connection_id = connect_id, "reverse connection established");
+                    self.ctx.observer.reverse_dialed(true);
+                    self.start_endpoint(connect_id, stream);
+                }
+                Action::ReverseFailed { random } => {
+                    if self.reverse_waiting.remove(&random).is_some() {
+                        tracing::debug!("reverse dial refused by the server");
+                        self.ctx.observer.reverse_dialed(false);
+                    }
+                }
             }
+        }
+    }
+
+    /// Relay `stream` as endpoint `connect_id` (a dialled destination, or
+    /// an accepted reverse connection).
+    fn start_endpoint(&mut self, connect_id: i64, stream: monoio::net::TcpStream) {
+        let ep = Rc::new(Endpoint::new(connect_id, self.ctx.observer.clone()));
+        self.endpoints.insert(connect_id, ep.clone());
+        let (rd, wr) = stream.into_split();
+        monoio::spawn(read_endpoint(
+            self.me.clone(),
+            self.ctx.clone(),
+            ep.clone(),
+            rd,
+        ));
+        monoio::spawn(write_endpoint(self.me.clone(), ep, wr));
+        if !std::mem::replace(&mut self.watching, true) {
+            monoio::spawn(watch_stuck(self.me.clone(), self.ctx.clone()));
         }
     }
 
@@ -489,9 +576,15 @@ impl TunnelHandler {
                     }
                 }
                 Action::Release(n) => grpc.release(self.ctx.stream.get(), n),
+                Action::ReverseFailed { random }
+                    if self.reverse_waiting.remove(&random).is_some() =>
+                {
+                    self.ctx.observer.reverse_dialed(false);
+                }
                 _ => {}
             }
         }
+        self.reverse_waiting.clear();
         for (_, ep) in self.endpoints.drain() {
             ep.close();
         }
@@ -521,10 +614,26 @@ impl Handler<Grpc> for TunnelHandler {
                                 .get(FLOW_CONTROL_KEY.as_bytes())
                                 .is_some_and(|v| v == "1");
                         self.tunnel.set_flow_control(agreed);
-                        tracing::debug!(flow_control = agreed, "tunnel accepted by the server");
+                        let reverse = self.ctx.settings.reverse
+                            && metadata
+                                .get(REVERSE_KEY.as_bytes())
+                                .is_some_and(|v| v == "1");
+                        self.tunnel.set_reverse(reverse);
+                        if self.ctx.settings.reverse && !reverse {
+                            tracing::info!(
+                                server_id = %server_id,
+                                "this proxy-server does not offer node-to-control-plane connections (konn-reverse); --target connections will not use its tunnel"
+                            );
+                        }
+                        tracing::debug!(
+                            flow_control = agreed,
+                            reverse,
+                            "tunnel accepted by the server"
+                        );
                         (self.report)(TunnelEvent::Connected {
                             server_id,
                             server_count,
+                            reverse,
                         });
                     }
                     None => {
@@ -623,16 +732,9 @@ async fn dial(
                 let elapsed = konn_core::io::clock::now().saturating_duration_since(started);
                 tracing::debug!(connection_id = connect_id, %address, ?elapsed, "dial succeeded");
                 ctx.observer.dial_succeeded(elapsed);
-                let ep = Rc::new(Endpoint::new(connect_id, ctx.observer.clone()));
-                h.endpoints.insert(connect_id, ep.clone());
                 // DIAL_RSP is queued before any DATA the reader produces.
                 h.apply(g);
-                let (rd, wr) = stream.into_split();
-                monoio::spawn(read_endpoint(h.me.clone(), ctx.clone(), ep.clone(), rd));
-                monoio::spawn(write_endpoint(h.me.clone(), ep, wr));
-                if !std::mem::replace(&mut h.watching, true) {
-                    monoio::spawn(watch_stuck(h.me.clone(), ctx.clone()));
-                }
+                h.start_endpoint(connect_id, stream);
             }
             Err(e) => {
                 tracing::debug!(connection_id = connect_id, %address, error = %go_dial_error(&address, &e), "dial failed");
@@ -743,6 +845,9 @@ async fn read_endpoint(
         let start = HEADROOM - hl;
         packet::encode_data_header(ep.connect_id, n, &mut &mut buf[start..HEADROOM]);
         let framed = buf.freeze().slice(start..HEADROOM + n);
+        if ep.connect_id < 0 {
+            ctx.observer.reverse_bytes(true, n);
+        }
         let Some(handle) = me.upgrade() else { return };
         if let Ok(Ok(())) = handle.with(|g, _| g.send_framed(stream, framed)) {
             ctx.observer.sent(PacketType::Data);
@@ -777,6 +882,9 @@ async fn write_endpoint(
             match written {
                 Ok(n) if n > 0 => {
                     data.advance(n);
+                    if ep.connect_id < 0 {
+                        ep._open.0.reverse_bytes(false, n);
+                    }
                     ep.drained.set(ep.drained.get() + n);
                     ep.drained_at.set(Some(konn_core::io::clock::now()));
                     if ep.urgent.get()

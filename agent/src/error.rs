@@ -43,6 +43,8 @@ pub enum Error {
     NoCaCert,
     /// The TLS files are unreadable or invalid.
     Tls(konn_core::Error),
+    /// `--target` / `--bind-address` are invalid (the text names the flag).
+    Reverse(String),
     /// A listen host does not resolve.
     Resolve {
         /// The flag.
@@ -80,6 +82,7 @@ impl fmt::Display for Error {
                  (upstream fails the same way: failed to read CA cert)",
             ),
             Self::Tls(e) => write!(f, "TLS towards the proxy-server: {e}"),
+            Self::Reverse(problem) => f.write_str(problem),
             Self::Resolve { flag, host, source } => {
                 write!(f, "--{flag}={host}: cannot resolve: {source}")
             }

@@ -20,7 +20,9 @@ pub mod conn;
 pub mod error;
 pub mod health;
 pub mod metrics;
+pub mod netaddr;
 pub mod options;
+pub mod reverse;
 pub mod run;
 pub mod settings;
 

@@ -36,7 +36,8 @@ use std::time::Duration;
 pub use konn_core::metrics::common::Segment;
 use konn_core::metrics::{
     CoreMetrics, CounterVec, DynamicCounterVec, DynamicHistogramVec, GaugeVec, HistogramVec,
-    LocalCounter, LocalGauge, LocalHistogram, Registry, RegistryBuilder, common::StreamFamilies,
+    LocalCounter, LocalGauge, LocalHistogram, Registry, RegistryBuilder,
+    common::{ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies},
 };
 use konn_frames::{GrpcStatus, packet::PacketType};
 
@@ -103,7 +104,21 @@ struct Families {
     lease_lists: DynamicCounterVec,
     lease_watches: DynamicCounterVec,
     lease_list_latency: DynamicHistogramVec,
+    reverse: ReverseFamilies,
 }
+
+/// Why the agent refused or lost a reverse connection (`reason` of
+/// `konn_reverse_refusals_total` on the agent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReverseRefusal {
+    /// No tunnel offers the reverse direction (no konn server, or none
+    /// connected).
+    NoTunnel = 0,
+    /// The server refused or could not dial (its reason is on the server).
+    Refused = 1,
+}
+
+const REVERSE_REASONS: [&str; 2] = ["no_tunnel", "refused"];
 
 impl Families {
     fn register(b: &mut RegistryBuilder) -> Self {
@@ -157,7 +172,9 @@ impl Families {
             "konnectivity_network_proxy_agent_stream_packets_total",
             "konnectivity_network_proxy_agent_stream_errors_total",
         );
+        let reverse = ReverseFamilies::register(b, &REVERSE_REASONS);
         Self {
+            reverse,
             dial_duration,
             server_failures,
             dial_failures,
@@ -325,6 +342,28 @@ impl AgentCoreMetrics {
     pub fn open_server_connections(&self) -> LocalGauge<'_> {
         self.core
             .gauge(self.families.open_server_connections.series(&[]))
+    }
+
+    /// `konn_reverse_dials_total{result}` (konn only).
+    pub fn reverse_dials(&self, result: ReverseResult) -> LocalCounter<'_> {
+        self.core.counter(self.families.reverse.dials(result))
+    }
+
+    /// `konn_reverse_refusals_total{reason}` (konn only).
+    pub fn reverse_refusals(&self, why: ReverseRefusal) -> LocalCounter<'_> {
+        self.core
+            .counter(self.families.reverse.refusals(why as usize))
+    }
+
+    /// `konn_reverse_connections`, this core's share (konn only).
+    pub fn reverse_connections(&self) -> LocalGauge<'_> {
+        self.core.gauge(self.families.reverse.connections())
+    }
+
+    /// `konn_reverse_bytes_total{direction}` (konn only).
+    #[inline]
+    pub fn reverse_bytes(&self, direction: ReverseDirection) -> LocalCounter<'_> {
+        self.core.counter(self.families.reverse.bytes(direction))
     }
 }
 

@@ -129,6 +129,10 @@ pub struct AgentFlags {
     pub kubeconfig: String,
     /// `--kube-api-content-type`.
     pub kube_api_content_type: String,
+    /// `--target` (konn: KEP-2025 node-to-control-plane listeners).
+    pub target: Vec<String>,
+    /// `--bind-address` (konn: KEP-2025).
+    pub bind_address: String,
 }
 
 impl AgentFlags {
@@ -166,6 +170,8 @@ impl AgentFlags {
             server_count_source: "default".to_owned(),
             kubeconfig: String::new(),
             kube_api_content_type: "application/vnd.kubernetes.protobuf".to_owned(),
+            target: Vec::new(),
+            bind_address: String::new(),
         }
     }
 
@@ -315,6 +321,25 @@ impl AgentFlags {
             &self.kube_api_content_type,
             "Content type of requests to the Kubernetes API.",
         );
+        // konn's own (KEP-2025), in konn's --help section.
+        let previous = f.section();
+        f.set_section(konn_core::cli::Section::Konn);
+        let target: Vec<&str> = self.target.iter().map(String::as_str).collect();
+        f.add_string_slice(
+            "target",
+            &target,
+            "konn: node-to-control-plane forwarding (KEP-2025): local_port:dst_host:dst_port. The \
+             agent listens on --bind-address:local_port and asks a proxy-server to dial \
+             dst_host:dst_port, which must be one of the server's --allowed-destination entries, \
+             spelled the same. Repeatable.",
+        );
+        f.add_string(
+            "bind-address",
+            &self.bind_address,
+            "konn: node-local address the --target listeners bind to (added to lo with host scope \
+             when missing and the agent has CAP_NET_ADMIN; removed on exit).",
+        );
+        f.set_section(previous);
     }
 
     /// Reads the values registered by [`register`](Self::register).
@@ -348,6 +373,8 @@ impl AgentFlags {
             server_count_source: f.get_string("server-count-source"),
             kubeconfig: f.get_string("kubeconfig"),
             kube_api_content_type: f.get_string("kube-api-content-type"),
+            target: f.get_string_slice("target"),
+            bind_address: f.get_string("bind-address"),
         }
     }
 
@@ -395,6 +422,8 @@ impl AgentFlags {
         } else {
             None
         };
+        let reverse = crate::reverse::ReverseSettings::parse(&self.target, &self.bind_address)
+            .map_err(Error::Reverse)?;
         let server_count_source = match self.server_count_source.as_str() {
             "" | "default" => ServerCountSource::Default,
             "max" => ServerCountSource::Max,
@@ -461,6 +490,7 @@ impl AgentFlags {
             enable_contention_profiling: self.enable_contention_profiling,
             xfr_channel_size,
             warn_on_channel_limit: self.warn_on_channel_limit,
+            reverse,
             engine,
             warnings,
         })
@@ -547,6 +577,8 @@ pub struct AgentOptions {
     pub xfr_channel_size: usize,
     /// `--warn-on-channel-limit`.
     pub warn_on_channel_limit: bool,
+    /// `--target` and `--bind-address` (KEP-2025).
+    pub reverse: crate::reverse::ReverseSettings,
     /// konn's engine flags.
     pub engine: EngineFlags,
     /// Things accepted with a caveat; the binary logs each as a warning.

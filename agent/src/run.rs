@@ -54,11 +54,12 @@ use std::time::Duration;
 
 use konn_core::Error;
 use konn_core::http1::{self, Router};
+use konn_core::io::listen::accept_loop;
 use konn_core::io::listen::{bind_tcp, tcp_into_monoio};
 use konn_core::io::notify::Notify;
 use konn_core::io::pool::BufPool;
 use konn_core::io::runtime::{Either, Engine, StopToken, WorkerCtx, Workers, race};
-use konn_core::io::xcore::MeshSender;
+use konn_core::io::xcore::{DetachedTcp, MeshSender, detach_tcp};
 use konn_frames::GrpcStatus;
 use konn_frames::packet::PacketType;
 use konn_protocol::h2;
@@ -66,8 +67,11 @@ use konn_protocol::h2;
 use crate::client::{TunnelHandle, open_tunnel_with};
 use crate::conn::{TunnelEvent, TunnelHandler, TunnelObserver};
 use crate::health::{admin_router, health_router};
-use crate::metrics::{AgentCoreMetrics, AgentMetrics, DialFailureReason, Direction, Segment};
+use crate::metrics::{
+    AgentCoreMetrics, AgentMetrics, DialFailureReason, Direction, ReverseRefusal, Segment,
+};
 use crate::settings::AgentSettings;
+use konn_core::metrics::common::{ReverseDirection, ReverseResult};
 use konn_protocol::agent::sync::{Admission, Outcome, Rng, Round, ServerSet, TunnelId};
 use konn_protocol::agent::tunnel::DialFailure;
 
@@ -82,6 +86,10 @@ pub enum Msg {
     Drain,
     /// What happened to a tunnel (to worker 0).
     Report(TunnelId, Report),
+    /// A connection accepted on `--target` listener `1` of a worker with
+    /// no tunnel that offers the reverse direction, for one that has
+    /// (`crate::reverse`).
+    Reverse(DetachedTcp, usize),
 }
 
 /// A tunnel's news for the sync loop.
@@ -116,6 +124,8 @@ struct Shared {
     duplicates: AtomicU64,
     /// Attempts that failed or timed out.
     failures: AtomicU64,
+    /// Per worker: tunnels that offer the reverse direction.
+    reverse_tunnels: Vec<AtomicUsize>,
 }
 
 /// A snapshot of the sync loop's state.
@@ -143,6 +153,8 @@ struct Inner {
     health: Option<TcpListener>,
     admin: Option<TcpListener>,
     health_port: u16,
+    /// `--target` listeners (and the address added for them).
+    reverse: Option<crate::reverse::Listeners>,
 }
 
 /// A running agent. Dropping it stops it.
@@ -268,7 +280,11 @@ pub fn start(settings: AgentSettings) -> Result<AgentHandle, Error> {
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let workers = settings.runtime.workers.max(1);
     let metrics = AgentMetrics::new(workers);
-    let shared = Arc::new(Shared::default());
+    let reverse = crate::reverse::Listeners::bind(&settings.reverse, workers)?;
+    let shared = Arc::new(Shared {
+        reverse_tunnels: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
+        ..Shared::default()
+    });
     let mut runtime = settings.runtime.clone();
     runtime.workers = workers;
     let inner = Arc::new(Inner {
@@ -278,6 +294,7 @@ pub fn start(settings: AgentSettings) -> Result<AgentHandle, Error> {
         health,
         admin,
         health_port: health_addr.map_or(0, |a| a.port()),
+        reverse,
     });
     let workers = Workers::start(runtime, move |ctx| worker_main(ctx, inner.clone()))?;
     tracing::info!(
@@ -314,6 +331,10 @@ struct Worker {
     draining: Cell<bool>,
     /// Attempt tasks still running.
     live: Cell<usize>,
+    /// This worker's index.
+    index: usize,
+    /// Random numbers for reverse connections (which tunnel, dial ids).
+    rng: RefCell<Rng>,
 }
 
 async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
@@ -327,9 +348,22 @@ async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
         slots: RefCell::new(HashMap::new()),
         draining: Cell::new(false),
         live: Cell::new(0),
+        index,
+        rng: RefCell::new(Rng::new(konn_core::io::clock::seed())),
         inner: inner.clone(),
     });
     let mut tasks = Vec::new();
+    if let Some(listeners) = &inner.reverse {
+        for (target, l) in listeners.per_target.iter().enumerate() {
+            let Some(l) = l.take(index).and_then(|l| tcp_into_monoio(l).ok()) else {
+                continue;
+            };
+            let (w, stop) = (worker.clone(), stop.clone());
+            tasks.push(Some(monoio::spawn(async move {
+                let _ = accept_loop(&l, &stop, |sock| w.reverse_accept(sock, target, true)).await;
+            })));
+        }
+    }
     let controller =
         (index == 0).then(|| Rc::new(Controller::new(&inner, ctx.mesh().clone(), ctx.workers())));
     if let Some(ctl) = &controller {
@@ -355,6 +389,12 @@ async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
                         ctl.on_report(tunnel, report);
                     }
                 }
+                Msg::Reverse(fd, target) => match fd.attach() {
+                    Ok(sock) => w.reverse_accept(sock, target, false),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "could not take over a reverse connection")
+                    }
+                },
             })
             .await;
     } else {
@@ -479,6 +519,57 @@ impl Worker {
         }
     }
 
+    /// A connection accepted on `--target` listener `target`: a random
+    /// tunnel of this worker that offers the reverse direction asks for it;
+    /// with none here, it moves (`may_move`) to a worker that has one; with
+    /// none anywhere it is closed and counted.
+    fn reverse_accept(&self, sock: monoio::net::TcpStream, target: usize, may_move: bool) {
+        let Some(dest) = self.inner.settings.reverse.targets.get(target) else {
+            return;
+        };
+        let tunnels: Vec<TunnelHandle> = self
+            .running()
+            .into_iter()
+            .filter(|h| h.with(|_, t| t.reverse_ready()).unwrap_or(false))
+            .collect();
+        let (pick, random) = {
+            let mut rng = self.rng.borrow_mut();
+            (rng.next_u64(), (rng.next_u64() >> 1) as i64)
+        };
+        if tunnels.is_empty() {
+            let others = &self.inner.shared.reverse_tunnels;
+            let to = (0..others.len())
+                .map(|i| (self.index + 1 + i) % others.len())
+                .find(|w| *w != self.index && others[*w].load(Ordering::Acquire) > 0);
+            if let (true, Some(to)) = (may_move, to) {
+                match detach_tcp(sock) {
+                    Ok(fd) => {
+                        if self.mesh.send(to, Msg::Reverse(fd, target)).is_ok() {
+                            return;
+                        }
+                        tracing::debug!(worker = to, "reverse connection not handed over");
+                    }
+                    Err((_, e)) => tracing::debug!(error = %e, "reverse connection cannot move"),
+                }
+            }
+            self.refuse_reverse(&dest.destination);
+            return;
+        }
+        let h = &tunnels[(pick % tunnels.len() as u64) as usize];
+        let asked = h.with(|g, t| t.reverse_accept(g, sock, &dest.destination, random));
+        if !matches!(asked, Ok(Ok(()))) {
+            self.refuse_reverse(&dest.destination);
+        }
+    }
+
+    fn refuse_reverse(&self, destination: &str) {
+        tracing::debug!(%destination, "node-to-control-plane connection closed: no tunnel offers it");
+        if let Some(m) = &self.observer.metrics {
+            m.reverse_dials(ReverseResult::Refused).inc();
+            m.reverse_refusals(ReverseRefusal::NoTunnel).inc();
+        }
+    }
+
     fn report(mesh: &MeshSender<Msg>, tunnel: TunnelId, report: Report) {
         if mesh.send(0, Msg::Report(tunnel, report)).is_err() {
             tracing::debug!(tunnel, "could not report to the sync loop (stopping?)");
@@ -488,11 +579,21 @@ impl Worker {
     /// Open, run and end one tunnel; always ends with [`Report::Ended`].
     async fn attempt(self: Rc<Self>, tunnel: TunnelId, cancel: Rc<Notify>) {
         let mesh = self.mesh.clone();
+        // Whether this tunnel counts in `reverse_tunnels` (until it ends).
+        let reverse = Rc::new(Cell::new(false));
+        let (flag, shared, index) = (reverse.clone(), self.inner.shared.clone(), self.index);
         let report = Box::new(move |event: TunnelEvent| {
+            if let TunnelEvent::Connected { reverse: true, .. } = &event
+                && !flag.replace(true)
+                && let Some(n) = shared.reverse_tunnels.get(index)
+            {
+                n.fetch_add(1, Ordering::AcqRel);
+            }
             let report = match event {
                 TunnelEvent::Connected {
                     server_id,
                     server_count,
+                    ..
                 } => Report::Connected {
                     server_id,
                     server_count,
@@ -534,6 +635,11 @@ impl Worker {
             Either::Right(()) => {}
         }
         self.slots.borrow_mut().remove(&tunnel);
+        if reverse.get()
+            && let Some(n) = self.inner.shared.reverse_tunnels.get(self.index)
+        {
+            n.fetch_sub(1, Ordering::AcqRel);
+        }
         Self::report(&self.mesh, tunnel, Report::Ended);
         self.live.set(self.live.get() - 1);
         self.observer.idle.notify();
@@ -610,6 +716,45 @@ impl TunnelObserver for CoreObserver {
             m.open_endpoint_connections().dec();
         }
         self.idle.notify();
+    }
+
+    fn reverse_dialed(&self, ok: bool) {
+        if let Some(m) = &self.metrics {
+            if ok {
+                m.reverse_dials(ReverseResult::Ok).inc();
+            } else {
+                m.reverse_dials(ReverseResult::Refused).inc();
+                m.reverse_refusals(ReverseRefusal::Refused).inc();
+            }
+        }
+    }
+
+    fn reverse_connection(&self, open: bool) {
+        // Counted with the endpoints for a clean stop.
+        if open {
+            self.endpoints.set(self.endpoints.get() + 1);
+        } else {
+            self.endpoints.set(self.endpoints.get().saturating_sub(1));
+            self.idle.notify();
+        }
+        if let Some(m) = &self.metrics {
+            if open {
+                m.reverse_connections().inc();
+            } else {
+                m.reverse_connections().dec();
+            }
+        }
+    }
+
+    fn reverse_bytes(&self, to_control_plane: bool, n: usize) {
+        if let Some(m) = &self.metrics {
+            let direction = if to_control_plane {
+                ReverseDirection::ToControlPlane
+            } else {
+                ReverseDirection::ToNode
+            };
+            m.reverse_bytes(direction).add(n as u64);
+        }
     }
 }
 

@@ -64,6 +64,8 @@ pub struct AgentSettings {
     pub runtime: RuntimeConfig,
     /// How long stopping waits for tunnels and endpoints to close.
     pub stop_timeout: Duration,
+    /// The reverse direction (KEP-2025): `--target` listeners.
+    pub reverse: crate::reverse::ReverseSettings,
 }
 
 impl fmt::Debug for AgentSettings {
@@ -115,6 +117,7 @@ impl AgentSettings {
                 ..RuntimeConfig::default()
             },
             stop_timeout: DEFAULT_STOP_TIMEOUT,
+            reverse: crate::reverse::ReverseSettings::default(),
         }
     }
 
@@ -153,6 +156,7 @@ impl AgentSettings {
                 ..TunnelConfig::default()
             },
             warn_on_queue_limit: o.warn_on_channel_limit,
+            reverse: o.reverse.enabled(),
             ..TunnelSettings::default()
         };
         let driver = DriverConfig {
@@ -193,6 +197,7 @@ impl AgentSettings {
             http: http1::Config::default(),
             runtime,
             stop_timeout: DEFAULT_STOP_TIMEOUT,
+            reverse: o.reverse.clone(),
         })
     }
 

@@ -65,6 +65,7 @@ const UPSTREAM: &[(&str, &str, &str)] = &[
 
 /// konn's own flags and their defaults.
 const KONN: &[(&str, &str, &str)] = &[
+    ("bind-address", "string", ""),
     ("conn-queue-size", "size", "1Mi"),
     ("grpc-max-message-size", "size", "4Mi"),
     ("h2-conn-window", "size", "4Mi"),
@@ -74,6 +75,7 @@ const KONN: &[(&str, &str, &str)] = &[
     ("memory-budget", "size", "512Mi"),
     ("pin-cores", "bool", "false"),
     ("stuck-timeout", "duration", "2m0s"),
+    ("target", "stringSlice", "[]"),
     ("workers", "int", "0"),
     ("write-timeout", "duration", "1m0s"),
 ];

@@ -201,7 +201,8 @@ fn tunnel_relays_and_answers_like_upstream() {
         assert_eq!((error.as_str(), connect_id), ("", 1));
         assert!(events.borrow().contains(&TunnelEvent::Connected {
             server_id: "server-a".into(),
-            server_count: 1
+            server_count: 1,
+            reverse: false,
         }));
         let payload: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
         for chunk in payload.chunks(10_000) {

@@ -13,7 +13,8 @@
 //! the request metadata `konn-flow-control: 1` gets the response header
 //! `konn-flow-control: 1` (unless `flow_control` is off in the settings),
 //! and only then do PAUSE/RESUME travel on its tunnel. A Go agent never
-//! sends the metadata and never sees the header.
+//! sends the metadata and never sees the header. The reverse direction's
+//! `konn-reverse: 1` (KEP-2025) is negotiated the same way.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -33,6 +34,12 @@ use konn_protocol::server::backends::{BackendId, Identifiers};
 /// The request metadata key (and response header) of konn's flow-control
 /// extension; its value is `1`.
 pub const FLOW_CONTROL_KEY: &str = "konn-flow-control";
+
+/// The request metadata key (and response header) of konn's reverse
+/// direction (KEP-2025, docs/design/reverse.md); its value is `1`. The
+/// server always answers it: what an agent may reach is decided per dial
+/// by `--allowed-destination` (nothing when that is empty).
+pub const REVERSE_KEY: &str = "konn-reverse";
 
 /// The handler of one agent connection.
 pub struct AgentConn {
@@ -111,6 +118,15 @@ impl AgentConn {
                 Bytes::from_static(b"1"),
             );
         }
+        let reverse = metadata
+            .get(REVERSE_KEY.as_bytes())
+            .is_some_and(|v| v == "1");
+        if reverse {
+            md.push(
+                Bytes::from_static(REVERSE_KEY.as_bytes()),
+                Bytes::from_static(b"1"),
+            );
+        }
         if grpc.accept(id, &md).is_err() {
             return;
         }
@@ -120,6 +136,7 @@ impl AgentConn {
             let mut router = self.worker.router.borrow_mut();
             router.backend_connected(bid, agent_id, identifiers, self.worker.index);
             router.set_flow_control(bid, flow_control);
+            router.set_reverse(bid, reverse);
         }
         let entry = self.worker.router.borrow().directory().get(bid).cloned();
         self.worker.backends.borrow_mut().insert(

@@ -35,6 +35,7 @@ use bytes::{Bytes, BytesMut};
 use konn_core::io::notify::Notify;
 use konn_core::io::runtime::{Either, race};
 use konn_core::io::tls::{Plaintext, TlsLayer};
+use konn_core::metrics::common::ReverseDirection;
 use konn_frames::connect::{self as http, Limits};
 use konn_frames::packet::{self, MAX_DATA_PAYLOAD};
 use monoio::buf::IoBufMut;
@@ -143,7 +144,8 @@ where
     }
 }
 
-/// The router's side of one CONNECT connection.
+/// The router's side of one CONNECT connection (or of one connection the
+/// server dialled for the reverse direction).
 pub struct ConnectFrontend {
     /// Agent payloads to write to the client, in order.
     queue: RefCell<VecDeque<Bytes>>,
@@ -162,10 +164,13 @@ pub struct ConnectFrontend {
     /// Bytes sent through a tunnel of another worker that it has not
     /// acknowledged yet.
     unacked: Cell<usize>,
+    /// The server's own connection of the reverse direction (its bytes are
+    /// counted in konn's reverse metrics).
+    reverse: Cell<bool>,
 }
 
 impl ConnectFrontend {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             queue: RefCell::new(VecDeque::new()),
             queued: Cell::new(0),
@@ -176,7 +181,13 @@ impl ConnectFrontend {
             paused: Cell::new(false),
             killed: Notify::new(),
             unacked: Cell::new(0),
+            reverse: Cell::new(false),
         }
+    }
+
+    /// Count this connection's bytes as the reverse direction's.
+    pub(crate) fn set_reverse(&self) {
+        self.reverse.set(true);
     }
 
     /// The tunnel's worker took `n` more of the bytes this connection sent.
@@ -368,7 +379,7 @@ impl Wire {
         Ok(())
     }
 
-    async fn close(&mut self) {
+    pub(crate) async fn close(&mut self) {
         if let Some(tls) = self.tls.as_mut() {
             tls.send_close_notify();
             let _ = monoio::time::timeout(Duration::from_secs(1), self.flush_tls()).await;
@@ -439,7 +450,7 @@ pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
     let fid = worker.next_id();
     let cf = Rc::new(ConnectFrontend::new());
     let weak = Rc::downgrade(&cf);
-    worker.connections.borrow_mut().insert(
+    worker.track(
         fid,
         Box::new(move |how| {
             // CONNECT has no GOAWAY: a graceful stop lets it finish.
@@ -520,6 +531,20 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
     {
         return;
     }
+    relay_established(worker, fid, cf, wire, (backend, connect_id)).await;
+}
+
+/// Relay an established connection until either side ends it: agent
+/// payloads to the socket in order, socket reads to the agent as DATA,
+/// with the flow control of the module docs. Also serves the server's own
+/// connections of the reverse direction (`crate::reverse`).
+pub(crate) async fn relay_established(
+    worker: &Worker,
+    fid: FrontendId,
+    cf: &ConnectFrontend,
+    wire: &mut Wire,
+    (backend, connect_id): (BackendId, i64),
+) {
     // Client bytes that came with the request head go first.
     while !wire.plain.is_empty() {
         let n = wire.plain.len().min(MAX_DATA_PAYLOAD);
@@ -536,6 +561,12 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
             // Bounded by the router's stuck timer, which aborts.
             match race(wire.send(data), cf.killed.notified()).await {
                 Either::Left(Ok(())) => {
+                    if cf.reverse.get() {
+                        worker
+                            .metrics
+                            .reverse_bytes(ReverseDirection::ToControlPlane)
+                            .add(len as u64);
+                    }
                     cf.queued.set(cf.queued.get().saturating_sub(len));
                     let level = cf.queued.get();
                     worker.router.borrow_mut().frontend_level(
@@ -633,6 +664,7 @@ fn send_data(
     data: &[u8],
     pooled: Option<(BytesMut, usize)>,
 ) {
+    let payload = pooled.as_ref().map_or(data.len(), |(_, n)| *n);
     let framed = match pooled {
         Some((mut buf, n)) => {
             let hl = packet::data_header_len(connect_id, n);
@@ -648,6 +680,12 @@ fn send_data(
         }
     };
     let len = framed.len();
+    if cf.reverse.get() {
+        worker
+            .metrics
+            .reverse_bytes(ReverseDirection::ToNode)
+            .add(payload as u64);
+    }
     if worker.router.borrow_mut().connect_data(fid, framed) {
         worker.forwarding.set(packet::PacketType::Data);
         worker.apply();

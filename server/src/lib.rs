@@ -12,6 +12,8 @@
 //! - [`agents`]: the agent port (`/AgentService/Connect` → backends).
 //! - [`frontend`]: gRPC frontends (`/ProxyService/Proxy` → frontends).
 //! - [`connect`]: HTTP CONNECT frontends.
+//! - [`reverse`]: the reverse direction (KEP-2025): dialling allowed
+//!   control-plane destinations for agents.
 //! - [`serve`]: listeners, workers, cross-core announcements, migration.
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints.
 
@@ -22,6 +24,7 @@ pub mod frontend;
 pub mod health;
 pub mod metrics;
 pub mod options;
+pub mod reverse;
 pub mod serve;
 pub mod settings;
 pub mod worker;

@@ -50,9 +50,10 @@ pub use konn_core::metrics::common::Segment;
 use konn_core::metrics::{
     CoreMetrics, CounterVec, DynamicCounterVec, DynamicHistogramVec, GaugeVec, HistogramVec,
     LocalCounter, LocalGauge, LocalHistogram, Registry, SharedCounter, SharedGauge,
-    common::StreamFamilies,
+    common::{ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies},
 };
 use konn_frames::{GrpcStatus, packet::PacketType};
+use konn_protocol::server::router::ReverseRefusal;
 
 /// The prefix of every server family (`Namespace` + `Subsystem`).
 pub const PREFIX: &str = "konnectivity_network_proxy_server_";
@@ -182,7 +183,20 @@ struct Families {
     lease_deletes: DynamicCounterVec,
     lease_list_latency: DynamicHistogramVec,
     lease_lists: DynamicCounterVec,
+    reverse: ReverseFamilies,
 }
+
+/// `reason` labels of `konn_reverse_refusals_total`, in
+/// [`ReverseRefusal::ALL`] order.
+const REVERSE_REASONS: [&str; 10] = {
+    let mut out = [""; 10];
+    let mut i = 0;
+    while i < 10 {
+        out[i] = ReverseRefusal::ALL[i].label();
+        i += 1;
+    }
+    out
+};
 
 impl Families {
     fn register(b: &mut konn_core::metrics::RegistryBuilder) -> Self {
@@ -269,7 +283,9 @@ impl Families {
             "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason.",
             &["http_status_code", "reason"],
         );
+        let reverse = ReverseFamilies::register(b, &REVERSE_REASONS);
         Self {
+            reverse,
             dial_duration,
             frontend_write_duration,
             grpc_connections,
@@ -502,6 +518,31 @@ impl ServerCoreMetrics {
     pub fn established_connections(&self) -> LocalGauge<'_> {
         self.core
             .gauge(self.families.established_connections.series(&[]))
+    }
+
+    /// `konn_reverse_dials_total{result}` (konn only).
+    pub fn reverse_dials(&self, result: ReverseResult) -> LocalCounter<'_> {
+        self.core.counter(self.families.reverse.dials(result))
+    }
+
+    /// `konn_reverse_refusals_total{reason}` (konn only).
+    pub fn reverse_refusals(&self, why: ReverseRefusal) -> LocalCounter<'_> {
+        let slot = ReverseRefusal::ALL
+            .iter()
+            .position(|r| *r == why)
+            .unwrap_or_default();
+        self.core.counter(self.families.reverse.refusals(slot))
+    }
+
+    /// `konn_reverse_connections`, this core's share (konn only).
+    pub fn reverse_connections(&self) -> LocalGauge<'_> {
+        self.core.gauge(self.families.reverse.connections())
+    }
+
+    /// `konn_reverse_bytes_total{direction}` (konn only).
+    #[inline]
+    pub fn reverse_bytes(&self, direction: ReverseDirection) -> LocalCounter<'_> {
+        self.core.counter(self.families.reverse.bytes(direction))
     }
 }
 

@@ -316,6 +316,7 @@ async fn worker_main(
         metrics.clone(),
         ctx.mesh().clone(),
     ));
+    worker.set_self();
     let workers = ctx.workers();
     let w = Rc::downgrade(&worker);
     let announce: Rc<dyn Fn(Msg)> = Rc::new(move |msg: Msg| {
@@ -413,16 +414,22 @@ async fn worker_main(
     worker.stopping.notify_all();
     stop_connections(&worker, Stop::Now);
     stop.close().await;
+    // Every task, not only the registered connections: one accepted just
+    // now registers late (and is stopped by `Worker::track`).
     let deadline = monoio::time::Instant::now() + STOP_WAIT;
-    while !worker.connections.borrow().is_empty() && monoio::time::Instant::now() < deadline {
-        monoio::time::sleep(Duration::from_millis(5)).await;
+    while worker.tasks.live.get() > 0 {
+        let ended = worker.tasks.ended.notified();
+        if let Either::Right(()) = race(ended, monoio::time::sleep_until(deadline)).await {
+            break;
+        }
     }
-    let left = worker.connections.borrow().len();
+    let left = worker.tasks.live.get();
     if left > 0 {
         tracing::warn!(
             worker = index,
             left,
-            "connections still open when the worker stopped"
+            connections = worker.connections.borrow().len(),
+            "tasks still running when the worker stopped"
         );
     }
 }
@@ -530,7 +537,7 @@ fn serve_http(worker: &Rc<Worker>, listeners: &Listeners, stop: &StopToken) {
 fn register<H: Handler<Grpc> + 'static>(worker: &Worker, handle: &ConnHandle<Grpc, H>) -> u64 {
     let id = worker.next_id();
     let weak = handle.downgrade();
-    worker.connections.borrow_mut().insert(
+    worker.track(
         id,
         Box::new(move |how| {
             if let Some(h) = weak.upgrade() {

@@ -86,6 +86,64 @@ pub struct ServerSettings {
     pub admin_addr: Option<SocketAddr>,
     /// `--enable-profiling` (konn answers 501 under `/debug/pprof/`).
     pub enable_profiling: bool,
+    /// The reverse direction (KEP-2025): `--allowed-destination` entries
+    /// (their keys are in `router.reverse.allowed`) and the dial timeout.
+    pub reverse: ReverseSettings,
+}
+
+/// The reverse direction's IO settings (the router holds its allow-list
+/// keys and per-agent limits, `RouterConfig::reverse`).
+#[derive(Clone, Debug, Default)]
+pub struct ReverseSettings {
+    /// Destinations, indexed by the router's `ReverseDial::target`.
+    pub destinations: Vec<AllowedDestination>,
+    /// Bound on resolving and connecting one destination.
+    pub dial_timeout: Duration,
+}
+
+/// One `--allowed-destination`.
+#[derive(Clone, Debug)]
+pub struct AllowedDestination {
+    /// The entry as given: the key agents must send, spelled exactly so.
+    pub key: String,
+    /// What to dial.
+    pub dest: konn_frames::addr::Destination,
+}
+
+impl ReverseSettings {
+    /// Parse `--allowed-destination` entries; the router's allow-list keys
+    /// go into `router`.
+    pub fn parse(
+        entries: &[String],
+        dial_timeout: Duration,
+        router: &mut konn_protocol::server::router::ReverseConfig,
+    ) -> Result<Self, String> {
+        let mut destinations = Vec::new();
+        router.allowed.clear();
+        for e in entries {
+            let dest = konn_frames::addr::Destination::parse(e)
+                .map_err(|err| format!("--allowed-destination={e:?}: {err}"))?;
+            if let Some(ip) = dest.ip()
+                && (ip.is_unspecified() || ip.is_multicast())
+            {
+                return Err(format!(
+                    "--allowed-destination={e:?}: an unspecified or multicast address is never a destination"
+                ));
+            }
+            if router.allowed.contains_key(e) {
+                continue;
+            }
+            router.allowed.insert(e.clone(), destinations.len());
+            destinations.push(AllowedDestination {
+                key: e.clone(),
+                dest,
+            });
+        }
+        Ok(Self {
+            destinations,
+            dial_timeout,
+        })
+    }
 }
 
 impl ServerSettings {
@@ -117,6 +175,10 @@ impl ServerSettings {
             health_addr: None,
             admin_addr: None,
             enable_profiling: false,
+            reverse: ReverseSettings {
+                destinations: Vec::new(),
+                dial_timeout: Duration::from_secs(10),
+            },
         }
     }
 
@@ -299,6 +361,10 @@ impl ServerSettings {
                 "admin-bind-address",
             )?),
             enable_profiling: o.enable_profiling,
+            reverse: ReverseSettings {
+                destinations: Vec::new(),
+                dial_timeout: Duration::from_secs(10),
+            },
         })
     }
 }

@@ -327,6 +327,8 @@ pub struct Worker {
     published: Cell<(usize, usize)>,
     /// The other workers, reliably and in order.
     pub out: Outbound<Msg>,
+    /// This worker itself, for tasks its actions start (reverse dials).
+    me: std::cell::OnceCell<std::rc::Weak<Self>>,
 }
 
 impl Worker {
@@ -363,6 +365,26 @@ impl Worker {
             forwarding: Cell::new(PacketType::Data),
             published: Cell::new((0, 0)),
             out: Outbound::new(mesh),
+            me: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// Tell the worker where it lives (`Rc`), so its actions can start tasks
+    /// that own it.
+    pub fn set_self(self: &Rc<Self>) {
+        let _ = self.me.set(Rc::downgrade(self));
+    }
+
+    /// Remember connection `id` and how to stop it (see `connections`). A
+    /// connection that registers after the worker stopped is stopped at
+    /// once, so a late accept cannot outlive the worker.
+    pub fn track(&self, id: u64, stop: StopFn) {
+        self.connections.borrow_mut().insert(id, stop);
+        if self.stopped.get() {
+            let conns = self.connections.borrow();
+            if let Some(f) = conns.get(&id) {
+                f(Stop::Now);
+            }
         }
     }
 
@@ -730,6 +752,27 @@ impl Worker {
                     if self.out.send(core, msg).is_err() {
                         tracing::debug!(worker = core, "relay to a stopped worker dropped");
                     }
+                }
+                Action::ReverseDial {
+                    backend,
+                    random,
+                    target,
+                } => {
+                    if let Some(me) = self.me.get().and_then(std::rc::Weak::upgrade) {
+                        self.spawn(crate::reverse::dial_and_serve(me, backend, random, target));
+                    }
+                }
+                Action::ReverseRefused(why) => {
+                    tracing::debug!(reason = why.label(), "reverse dial refused");
+                    self.metrics.reverse_refusals(why).inc();
+                    self.metrics
+                        .reverse_dials(konn_core::metrics::common::ReverseResult::Refused)
+                        .inc();
+                }
+                Action::ReverseDialed => {
+                    self.metrics
+                        .reverse_dials(konn_core::metrics::common::ReverseResult::Ok)
+                        .inc();
                 }
                 Action::DialFailed(why) => {
                     tracing::debug!(reason = ?failure_reason(why), "dial failed");

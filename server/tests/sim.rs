@@ -597,6 +597,9 @@ impl Sim {
             | Action::ConnectData { .. }
             | Action::ConnectFailed { .. } => panic!("CONNECT action for a gRPC frontend: {a:?}"),
             Action::Relay { .. } => panic!("one core: nothing is relayed: {a:?}"),
+            Action::ReverseDial { .. } | Action::ReverseRefused(_) | Action::ReverseDialed => {
+                panic!("the reverse direction is not negotiated here: {a:?}")
+            }
             Action::DialFailed(_) | Action::DialSucceeded(_) => {}
         }
     }
@@ -653,6 +656,9 @@ impl Sim {
                 }
             }
             T::DialFailed(_) | T::DialSucceeded => {}
+            T::ReverseEstablished { .. } | T::ReverseFailed { .. } => {
+                panic!("the reverse direction is not negotiated here")
+            }
         }
     }
 }

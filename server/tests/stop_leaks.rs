@@ -137,6 +137,23 @@ fn stop_closes_every_connection_and_frees_every_descriptor() {
             for f in ["/proc/net/tcp", "/proc/net/tcp6", "/proc/net/unix"] {
                 eprintln!("{f}:\n{}", std::fs::read_to_string(f).unwrap_or_default());
             }
+            let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|t| {
+                    let p = t.path();
+                    format!(
+                        "{}:{} {}",
+                        t.file_name().to_string_lossy(),
+                        std::fs::read_to_string(p.join("comm"))
+                            .unwrap_or_default()
+                            .trim(),
+                        std::fs::read_to_string(p.join("stack")).unwrap_or_default()
+                    )
+                })
+                .collect();
+            eprintln!("threads: {threads:?}");
         }
         assert_eq!(
             now,

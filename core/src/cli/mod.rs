@@ -261,6 +261,11 @@ impl FlagSet {
         &self.name
     }
 
+    /// The `--help` section flags added now go to.
+    pub fn section(&self) -> Section {
+        self.section
+    }
+
     /// Flags added from now on go to this `--help` section.
     pub fn set_section(&mut self, section: Section) {
         self.section = section;
