@@ -11,12 +11,16 @@
 //! - [`connect`]: an HTTP CONNECT frontend client, as kube-apiserver dials.
 //! - [`relay`]: a TCP load balancer whose connections can be cut.
 //! - [`procs`]: running the real binaries as child processes.
+//! - [`agentprobe`]: a raw `/AgentService/Connect` call with any metadata.
+//! - [`fakekube`]: a fake kube-apiserver answering TokenReviews.
 //! - [`Pattern`], [`Sha256`]: reproducible bulk data and its digest.
 //! - `src/bin/konn-demo.rs`: the README's demo.
 
+pub mod agentprobe;
 pub mod connect;
 pub mod dest;
 pub mod error;
+pub mod fakekube;
 pub mod fds;
 pub mod frontend;
 pub mod harness;

@@ -15,8 +15,8 @@
 //!    the mode and strategies). Error texts keep upstream's meaning but name
 //!    the flags.
 //! 4. [`ServerOptions::unsupported_features`] lists what konn cannot do yet
-//!    (token authentication and the lease controller need kube-apiserver
-//!    APIs); the binary refuses to start when it is not empty.
+//!    (nothing at the moment); the binary refuses to start when it is not
+//!    empty.
 //!
 //! Deliberate differences, all documented in `docs/FLAGS.md`:
 //! - `--backend-dial-timeout=0` keeps upstream's default text but konn
@@ -926,22 +926,9 @@ impl ServerOptions {
     /// Features requested by the flags that konn does not implement yet;
     /// the binary refuses to start when this is not empty.
     pub fn unsupported_features(&self) -> Vec<Unsupported> {
-        let mut out = Vec::new();
-        if self.token_auth.is_some() {
-            out.push(Unsupported {
-                flags: "--agent-namespace, --agent-service-account, --authentication-audience",
-                message: "token authentication is not supported yet by konn; it needs TokenReview calls to kube-apiserver. \
-                          Authenticate agents with client certificates instead (--cluster-ca-cert).",
-            });
-        }
-        if self.lease_controller.is_some() {
-            out.push(Unsupported {
-                flags: "--enable-lease-controller",
-                message: "the lease controller (--enable-lease-controller) is not supported yet by konn; it needs the Kubernetes \
-                          Lease API. Set --server-count to the number of proxy-servers instead.",
-            });
-        }
-        out
+        // Token authentication and the lease controller are supported
+        // (crate::kube); nothing is refused at the moment.
+        Vec::new()
     }
 }
 

@@ -86,6 +86,8 @@ pub struct ServerSettings {
     pub admin_addr: Option<SocketAddr>,
     /// `--enable-profiling` (konn answers 501 under `/debug/pprof/`).
     pub enable_profiling: bool,
+    /// Token authentication and the lease controller (`crate::kube`).
+    pub kubernetes: Option<crate::kube::Kubernetes>,
 }
 
 impl ServerSettings {
@@ -117,6 +119,7 @@ impl ServerSettings {
             health_addr: None,
             admin_addr: None,
             enable_profiling: false,
+            kubernetes: None,
         }
     }
 
@@ -299,6 +302,7 @@ impl ServerSettings {
                 "admin-bind-address",
             )?),
             enable_profiling: o.enable_profiling,
+            kubernetes: crate::kube::Kubernetes::from_options(o),
         })
     }
 }
