@@ -71,7 +71,9 @@ use crate::conn::{TunnelEvent, TunnelHandler, TunnelObserver, TunnelSettings};
 use crate::health::{admin_router, health_router, join_host_port};
 use crate::metrics::{AgentCoreMetrics, AgentMetrics, DialFailureReason, Direction, Segment};
 use crate::options::AgentOptions;
-use konn_protocol::agent::sync::{Admission, Outcome, Rng, Round, ServerSet, SyncConfig, TunnelId};
+use konn_protocol::agent::sync::{
+    Admission, CountSource, Outcome, Rng, Round, ServerSet, SyncConfig, TunnelId,
+};
 use konn_protocol::agent::tunnel::DialFailure;
 use konn_protocol::agent::tunnel::TunnelConfig;
 
@@ -99,6 +101,9 @@ pub enum Msg {
     Drain,
     /// What happened to a tunnel (to worker 0).
     Report(TunnelId, Report),
+    /// The number of valid server Leases changed (to worker 0, from the
+    /// lease counter; `crate::leases`).
+    LeaseCount(usize),
 }
 
 /// A tunnel's news for the sync loop.
@@ -146,6 +151,8 @@ pub struct AgentSettings {
     pub runtime: RuntimeConfig,
     /// How long stopping waits for tunnels and endpoints to close.
     pub stop_timeout: Duration,
+    /// `--count-server-leases`, when on.
+    pub lease_counting: Option<crate::leases::LeaseSettings>,
 }
 
 impl fmt::Debug for AgentSettings {
@@ -186,6 +193,7 @@ impl AgentSettings {
                 interval_cap: Duration::from_millis(500),
                 sync_forever: false,
                 header_timeout: Duration::from_secs(10),
+                ..SyncConfig::default()
             },
             health: Vec::new(),
             admin: Vec::new(),
@@ -197,6 +205,7 @@ impl AgentSettings {
                 ..RuntimeConfig::default()
             },
             stop_timeout: DEFAULT_STOP_TIMEOUT,
+            lease_counting: None,
         }
     }
 
@@ -268,6 +277,11 @@ impl AgentSettings {
                 interval_cap: o.sync_interval_cap,
                 sync_forever: o.sync_forever,
                 header_timeout: konn_protocol::agent::sync::DEFAULT_HEADER_TIMEOUT,
+                count_source: match (&o.lease_counting, o.server_count_source) {
+                    (None, _) => CountSource::Responses,
+                    (Some(_), crate::options::ServerCountSource::Default) => CountSource::Leases,
+                    (Some(_), crate::options::ServerCountSource::Max) => CountSource::Max,
+                },
             },
             health: listen_addrs("health-server-host", &o.health.bind_address, o.health.port)?,
             admin: listen_addrs("admin-bind-address", &o.admin.bind_address, o.admin.port)?,
@@ -275,6 +289,21 @@ impl AgentSettings {
             http: http1::Config::default(),
             runtime,
             stop_timeout: DEFAULT_STOP_TIMEOUT,
+            lease_counting: o
+                .lease_counting
+                .as_ref()
+                .map(|l| crate::leases::LeaseSettings {
+                    client: konn_core::kube::KubeSettings {
+                        kubeconfig: o.kubeconfig.clone(),
+                        qps: 0.0,
+                        burst: 0,
+                        content_type: o.kube_api_content_type.clone(),
+                    },
+                    count: konn_core::kube::lease::CountConfig {
+                        namespace: l.namespace.clone(),
+                        selector: konn_core::kube::lease::format_labels(&l.selector),
+                    },
+                }),
         })
     }
 
@@ -363,6 +392,8 @@ struct Inner {
 /// A running agent. Dropping it stops it.
 pub struct AgentHandle {
     workers: Option<Workers<Msg>>,
+    /// The Kubernetes client thread (lease counting).
+    kube: Option<konn_core::kube::ControlPlane>,
     shared: Arc<Shared>,
     metrics: AgentMetrics,
     health_addr: Option<SocketAddr>,
@@ -442,6 +473,9 @@ impl AgentHandle {
     }
 
     fn stop_inner(&mut self) -> Result<(), Error> {
+        if let Some(k) = self.kube.take() {
+            k.stop();
+        }
         match self.workers.take() {
             Some(w) => {
                 w.stop();
@@ -483,6 +517,10 @@ pub fn start(settings: AgentSettings) -> Result<AgentHandle, Error> {
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let workers = settings.runtime.workers.max(1);
     let metrics = AgentMetrics::new(workers);
+    // Present from the first scrape (tooling reads it as soon as /healthz
+    // answers); the sync loop keeps it current.
+    metrics.set_open_server_connections(0);
+    let lease_counting = settings.lease_counting.clone();
     let shared = Arc::new(Shared::default());
     let mut runtime = settings.runtime.clone();
     runtime.workers = workers;
@@ -495,6 +533,17 @@ pub fn start(settings: AgentSettings) -> Result<AgentHandle, Error> {
         health_port: health_addr.map_or(0, |a| a.port()),
     });
     let workers = Workers::start(runtime, move |ctx| worker_main(ctx, inner.clone()))?;
+    let kube = match &lease_counting {
+        Some(l) => match crate::leases::start(l, workers.mesh().clone(), metrics.clone()) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                workers.stop();
+                let _ = workers.join();
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     tracing::info!(
         ?health_addr,
         ?admin_addr,
@@ -503,6 +552,7 @@ pub fn start(settings: AgentSettings) -> Result<AgentHandle, Error> {
     );
     Ok(AgentHandle {
         workers: Some(workers),
+        kube,
         shared,
         metrics,
         health_addr,
@@ -568,6 +618,11 @@ async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
                 Msg::Report(tunnel, report) => {
                     if let Some(ctl) = &controller {
                         ctl.on_report(tunnel, report);
+                    }
+                }
+                Msg::LeaseCount(n) => {
+                    if let Some(ctl) = &controller {
+                        ctl.on_lease_count(n);
                     }
                 }
             })
@@ -844,6 +899,8 @@ struct Controller {
     placed: RefCell<HashMap<TunnelId, usize>>,
     pending: RefCell<Option<Pending>>,
     resolved: Notify,
+    /// Cuts the pause short (the server count changed).
+    wake: Notify,
     next_id: Cell<TunnelId>,
     mesh: MeshSender<Msg>,
     shared: Arc<Shared>,
@@ -862,6 +919,7 @@ impl Controller {
             placed: RefCell::new(HashMap::new()),
             pending: RefCell::new(None),
             resolved: Notify::new(),
+            wake: Notify::new(),
             next_id: Cell::new(1),
             mesh,
             shared: inner.shared.clone(),
@@ -876,7 +934,8 @@ impl Controller {
                 return;
             };
             let pause = self.set.borrow_mut().pause(outcome);
-            if let Either::Right(()) = race(monoio::time::sleep(pause), stop.stopped()).await {
+            let sleep = race(monoio::time::sleep(pause), self.wake.notified());
+            if let Either::Right(()) = race(sleep, stop.stopped()).await {
                 return;
             }
         }
@@ -952,6 +1011,22 @@ impl Controller {
                 Outcome::Failed
             }
         })
+    }
+
+    /// The lease counter's news: when the server count changed, publish it
+    /// and run a round now.
+    fn on_lease_count(&self, leases: usize) {
+        let changed = self.set.borrow_mut().set_lease_count(leases);
+        if changed {
+            let count = self.set.borrow().server_count();
+            tracing::info!(
+                leases,
+                server_count = count,
+                "server count changed (leases)"
+            );
+            self.publish_count(count);
+            self.wake.notify();
+        }
     }
 
     /// What a worker said about `tunnel`.
