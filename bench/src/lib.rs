@@ -13,6 +13,8 @@
 //! - [`procs`]: running the real binaries as child processes.
 //! - [`agentprobe`]: a raw `/AgentService/Connect` call with any metadata.
 //! - [`fakekube`]: a fake kube-apiserver answering TokenReviews.
+//! - [`kube`]: a real etcd + kube-apiserver (`target/kube/`) for the
+//!   token and lease suites.
 //! - [`Pattern`], [`Sha256`]: reproducible bulk data and its digest.
 //! - `src/bin/konn-demo.rs`: the README's demo.
 
@@ -24,6 +26,7 @@ pub mod fakekube;
 pub mod fds;
 pub mod frontend;
 pub mod harness;
+pub mod kube;
 pub mod pki;
 pub mod procs;
 pub mod relay;
