@@ -12,6 +12,7 @@
 //! - [`conn`]: one tunnel on a socket, with the endpoints it relays.
 //! - [`client`]: opening a tunnel (dial, TLS, HTTP/2, the Connect call).
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints.
+//! - [`leases`]: `--count-server-leases` (a watch on the server Leases).
 //! - [`run`]: the running agent: workers, tunnels, sync loop, DRAIN, the
 //!   health and admin ports.
 
@@ -19,6 +20,7 @@ pub mod client;
 pub mod conn;
 pub mod error;
 pub mod health;
+pub mod leases;
 pub mod metrics;
 pub mod netaddr;
 pub mod options;

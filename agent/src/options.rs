@@ -12,7 +12,7 @@
 //!    `Validate()` rules in upstream's order and returns the typed
 //!    [`AgentOptions`].
 //! 4. [`AgentOptions::unsupported_features`] lists what konn cannot do yet
-//!    (`--count-server-leases` needs the Kubernetes Lease API); the binary
+//!    (nothing at the moment); the binary
 //!    refuses to start when it is not empty.
 //!
 //! Deliberate differences, all documented in `docs/FLAGS.md`:
@@ -300,10 +300,13 @@ impl AgentFlags {
             "Namespace of the proxy-server Leases.",
         );
         f.add_string(
-            "lease-label",
+            "lease-label-selector",
             &self.lease_label,
-            "Label selector of the proxy-server Leases, k=v[,k=v...].",
+            "Label selector of the proxy-server Leases to count, k=v[,k=v...].",
         );
+        // v0.36.0's name; upstream master keeps it as a hidden alias.
+        f.add_string("lease-label", &self.lease_label, "")
+            .deprecate("Use --lease-label-selector instead");
         f.add_string(
             "server-count-source",
             &self.server_count_source,
@@ -369,7 +372,12 @@ impl AgentFlags {
             xfr_channel_size: f.get_int("xfr-channel-size"),
             count_server_leases: f.get_bool("count-server-leases"),
             lease_namespace: f.get_string("lease-namespace"),
-            lease_label: f.get_string("lease-label"),
+            // The alias counts only when the new name was not given.
+            lease_label: if f.changed("lease-label") && !f.changed("lease-label-selector") {
+                f.get_string("lease-label")
+            } else {
+                f.get_string("lease-label-selector")
+            },
             server_count_source: f.get_string("server-count-source"),
             kubeconfig: f.get_string("kubeconfig"),
             kube_api_content_type: f.get_string("kube-api-content-type"),
@@ -585,13 +593,6 @@ pub struct AgentOptions {
     pub warnings: Vec<String>,
 }
 
-/// `--count-server-leases`: konn cannot read the Lease API yet.
-const LEASE_COUNTING: Unsupported = Unsupported {
-    flags: "--count-server-leases",
-    message: "counting proxy-servers by their Leases (--count-server-leases) is not supported yet by konn; \
-              it needs the Kubernetes Lease API. The agent learns the server count from the servers without it.",
-};
-
 /// How the start-up sequence (`konn_core::app`) reads and checks them;
 /// `AgentOptions::from_flags` reads and validates every flag of a parsed
 /// [`command`].
@@ -607,7 +608,9 @@ impl Options for AgentOptions {
     }
 
     fn unsupported_features(&self) -> Vec<Unsupported> {
-        self.lease_counting.iter().map(|_| LEASE_COUNTING).collect()
+        // Lease counting is supported (crate::leases); nothing is refused
+        // at the moment.
+        Vec::new()
     }
 }
 

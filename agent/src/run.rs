@@ -90,6 +90,9 @@ pub enum Msg {
     /// no tunnel that offers the reverse direction, for one that has
     /// (`crate::reverse`).
     Reverse(DetachedTcp, usize),
+    /// The number of valid server Leases changed (to worker 0, from the
+    /// lease counter; `crate::leases`).
+    LeaseCount(usize),
 }
 
 /// A tunnel's news for the sync loop.
@@ -160,6 +163,8 @@ struct Inner {
 /// A running agent. Dropping it stops it.
 pub struct AgentHandle {
     workers: Option<Workers<Msg>>,
+    /// The Kubernetes client thread (lease counting).
+    kube: Option<konn_core::kube::ControlPlane>,
     shared: Arc<Shared>,
     metrics: AgentMetrics,
     health_addr: Option<SocketAddr>,
@@ -239,6 +244,9 @@ impl AgentHandle {
     }
 
     fn stop_inner(&mut self) -> Result<(), Error> {
+        if let Some(k) = self.kube.take() {
+            k.stop();
+        }
         match self.workers.take() {
             Some(w) => {
                 w.stop();
@@ -280,6 +288,10 @@ pub fn start(settings: AgentSettings) -> Result<AgentHandle, Error> {
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let workers = settings.runtime.workers.max(1);
     let metrics = AgentMetrics::new(workers);
+    // Present from the first scrape (tooling reads it as soon as /healthz
+    // answers); the sync loop keeps it current.
+    metrics.set_open_server_connections(0);
+    let lease_counting = settings.lease_counting.clone();
     let reverse = crate::reverse::Listeners::bind(&settings.reverse, workers)?;
     let shared = Arc::new(Shared {
         reverse_tunnels: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
@@ -297,6 +309,17 @@ pub fn start(settings: AgentSettings) -> Result<AgentHandle, Error> {
         reverse,
     });
     let workers = Workers::start(runtime, move |ctx| worker_main(ctx, inner.clone()))?;
+    let kube = match &lease_counting {
+        Some(l) => match crate::leases::start(l, workers.mesh().clone(), metrics.clone()) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                workers.stop();
+                let _ = workers.join();
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     tracing::info!(
         ?health_addr,
         ?admin_addr,
@@ -305,6 +328,7 @@ pub fn start(settings: AgentSettings) -> Result<AgentHandle, Error> {
     );
     Ok(AgentHandle {
         workers: Some(workers),
+        kube,
         shared,
         metrics,
         health_addr,
@@ -395,6 +419,11 @@ async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
                         tracing::debug!(error = %e, "could not take over a reverse connection")
                     }
                 },
+                Msg::LeaseCount(n) => {
+                    if let Some(ctl) = &controller {
+                        ctl.on_lease_count(n);
+                    }
+                }
             })
             .await;
     } else {
@@ -774,6 +803,8 @@ struct Controller {
     placed: RefCell<HashMap<TunnelId, usize>>,
     pending: RefCell<Option<Pending>>,
     resolved: Notify,
+    /// Cuts the pause short (the server count changed).
+    wake: Notify,
     next_id: Cell<TunnelId>,
     mesh: MeshSender<Msg>,
     shared: Arc<Shared>,
@@ -792,6 +823,7 @@ impl Controller {
             placed: RefCell::new(HashMap::new()),
             pending: RefCell::new(None),
             resolved: Notify::new(),
+            wake: Notify::new(),
             next_id: Cell::new(1),
             mesh,
             shared: inner.shared.clone(),
@@ -806,7 +838,8 @@ impl Controller {
                 return;
             };
             let pause = self.set.borrow_mut().pause(outcome);
-            if let Either::Right(()) = race(monoio::time::sleep(pause), stop.stopped()).await {
+            let sleep = race(monoio::time::sleep(pause), self.wake.notified());
+            if let Either::Right(()) = race(sleep, stop.stopped()).await {
                 return;
             }
         }
@@ -882,6 +915,22 @@ impl Controller {
                 Outcome::Failed
             }
         })
+    }
+
+    /// The lease counter's news: when the server count changed, publish it
+    /// and run a round now.
+    fn on_lease_count(&self, leases: usize) {
+        let changed = self.set.borrow_mut().set_lease_count(leases);
+        if changed {
+            let count = self.set.borrow().server_count();
+            tracing::info!(
+                leases,
+                server_count = count,
+                "server count changed (leases)"
+            );
+            self.publish_count(count);
+            self.wake.notify();
+        }
     }
 
     /// What a worker said about `tunnel`.

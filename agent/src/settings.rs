@@ -13,7 +13,7 @@ use konn_core::http1;
 use konn_core::io::driver::DriverConfig;
 use konn_core::io::runtime::RuntimeConfig;
 use konn_core::io::tls::{ClientTlsOptions, PemSource};
-use konn_protocol::agent::sync::SyncConfig;
+use konn_protocol::agent::sync::{CountSource, SyncConfig};
 use konn_protocol::agent::tunnel::TunnelConfig;
 use konn_protocol::flow::FlowLimits;
 use konn_protocol::h2;
@@ -66,6 +66,8 @@ pub struct AgentSettings {
     pub stop_timeout: Duration,
     /// The reverse direction (KEP-2025): `--target` listeners.
     pub reverse: crate::reverse::ReverseSettings,
+    /// `--count-server-leases`, when on.
+    pub lease_counting: Option<crate::leases::LeaseSettings>,
 }
 
 impl fmt::Debug for AgentSettings {
@@ -106,6 +108,7 @@ impl AgentSettings {
                 interval_cap: Duration::from_millis(500),
                 sync_forever: false,
                 header_timeout: Duration::from_secs(10),
+                ..SyncConfig::default()
             },
             health: Vec::new(),
             admin: Vec::new(),
@@ -118,6 +121,7 @@ impl AgentSettings {
             },
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             reverse: crate::reverse::ReverseSettings::default(),
+            lease_counting: None,
         }
     }
 
@@ -190,6 +194,11 @@ impl AgentSettings {
                 interval_cap: o.sync_interval_cap,
                 sync_forever: o.sync_forever,
                 header_timeout: konn_protocol::agent::sync::DEFAULT_HEADER_TIMEOUT,
+                count_source: match (&o.lease_counting, o.server_count_source) {
+                    (None, _) => CountSource::Responses,
+                    (Some(_), crate::options::ServerCountSource::Default) => CountSource::Leases,
+                    (Some(_), crate::options::ServerCountSource::Max) => CountSource::Max,
+                },
             },
             health: listen_addrs("health-server-host", &o.health.bind_address, o.health.port)?,
             admin: listen_addrs("admin-bind-address", &o.admin.bind_address, o.admin.port)?,
@@ -198,6 +207,21 @@ impl AgentSettings {
             runtime,
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             reverse: o.reverse.clone(),
+            lease_counting: o
+                .lease_counting
+                .as_ref()
+                .map(|l| crate::leases::LeaseSettings {
+                    client: konn_core::kube::KubeSettings {
+                        kubeconfig: o.kubeconfig.clone(),
+                        qps: 0.0,
+                        burst: 0,
+                        content_type: o.kube_api_content_type.clone(),
+                    },
+                    count: konn_core::kube::lease::CountConfig {
+                        namespace: l.namespace.clone(),
+                        selector: konn_core::kube::lease::format_labels(&l.selector),
+                    },
+                }),
         })
     }
 

@@ -286,14 +286,14 @@ fn lease_counting() {
         lc.selector.get("k8s-app").map(String::as_str),
         Some("konnectivity-server")
     );
-    let unsupported = o.unsupported_features();
-    assert_eq!(unsupported.len(), 1);
-    assert_eq!(unsupported[0].flags, "--count-server-leases");
-    assert!(
-        unsupported[0]
-            .to_string()
-            .contains("not supported yet by konn")
-    );
+    assert!(o.unsupported_features().is_empty(), "lease counting runs");
+    // Upstream master's name, and the alias when only it is given.
+    let o = validate(&["--count-server-leases", "--lease-label-selector=app=a"]).unwrap();
+    let lc = o.lease_counting.as_ref().unwrap();
+    assert_eq!(lc.selector.get("app").map(String::as_str), Some("a"));
+    let o = validate(&["--count-server-leases", "--lease-label=app=b"]).unwrap();
+    let lc = o.lease_counting.as_ref().unwrap();
+    assert_eq!(lc.selector.get("app").map(String::as_str), Some("b"));
 }
 
 #[test]

@@ -158,6 +158,12 @@ pub enum Error {
     EngineFlag(crate::cli::engine::EngineError),
     /// Logging cannot be set up (e.g. `--log-file` cannot be opened).
     Log(crate::log::LogError),
+
+    // ---- the Kubernetes API client (kube): start-up errors ----
+    /// The Kubernetes client cannot be set up (kubeconfig, in-cluster
+    /// configuration, its thread).
+    #[cfg(feature = "kube")]
+    Kube(crate::kube::KubeError),
 }
 
 impl From<konn_protocol::Error> for Error {
@@ -179,6 +185,13 @@ impl From<crate::cli::ParseError> for Error {
 impl From<crate::cli::engine::EngineError> for Error {
     fn from(e: crate::cli::engine::EngineError) -> Self {
         Self::EngineFlag(e)
+    }
+}
+
+#[cfg(feature = "kube")]
+impl From<crate::kube::KubeError> for Error {
+    fn from(e: crate::kube::KubeError) -> Self {
+        Self::Kube(e)
     }
 }
 
@@ -330,6 +343,8 @@ impl fmt::Display for Error {
             Self::Flags(e) => e.fmt(f),
             Self::EngineFlag(e) => e.fmt(f),
             Self::Log(e) => e.fmt(f),
+            #[cfg(feature = "kube")]
+            Self::Kube(e) => e.fmt(f),
         }
     }
 }
@@ -373,6 +388,8 @@ impl std::error::Error for Error {
             Self::Flags(e) => Some(e),
             Self::EngineFlag(e) => Some(e),
             Self::Log(e) => Some(e),
+            #[cfg(feature = "kube")]
+            Self::Kube(e) => Some(e),
             _ => None,
         }
     }

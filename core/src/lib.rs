@@ -10,6 +10,9 @@
 //!   flags, klog-style logging, Prometheus metrics, the health/admin HTTP
 //!   server); `app`: the start-up sequence both binaries share (signals,
 //!   flags, logging, validated options).
+//! - `kube` (cargo feature `kube`): the Kubernetes API client on its own
+//!   control-plane thread — TokenReview with a cache, the server's Lease
+//!   controller, the agent's Lease counter.
 //!
 //! Errors of every module are [`Error`]; it wraps `konn_protocol::Error`.
 
@@ -19,6 +22,8 @@ pub mod cli;
 pub mod error;
 pub mod http1;
 pub mod io;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod log;
 pub mod metrics;
 

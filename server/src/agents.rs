@@ -26,9 +26,11 @@ use konn_frames::packet::{Packet, PacketType};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
 
+use crate::auth::{AuthResult, Verdicts};
 use crate::metrics::{Segment, ServiceMethod};
 use crate::serve::metric_strategy;
 use crate::worker::{BackendRef, Msg, Outbox, Worker, bump};
+use konn_core::kube::review::{Outcome, Source, Verdict};
 use konn_protocol::server::backends::{BackendId, Identifiers};
 
 /// The request metadata key (and response header) of konn's flow-control
@@ -41,12 +43,25 @@ pub const FLOW_CONTROL_KEY: &str = "konn-flow-control";
 /// by `--allowed-destination` (nothing when that is empty).
 pub const REVERSE_KEY: &str = "konn-reverse";
 
+/// What a Connect call registers once accepted.
+struct Registration {
+    agent_id: String,
+    identifiers: Identifiers,
+    flow_control: bool,
+    reverse: bool,
+}
+
 /// The handler of one agent connection.
 pub struct AgentConn {
     worker: Rc<Worker>,
     outbox: Rc<Outbox>,
     /// Connect streams of this connection → backends.
     streams: HashMap<u32, BackendId>,
+    /// Connect calls held for a token review: stream → (hold, what to
+    /// register).
+    held: HashMap<u32, (u64, Registration)>,
+    /// Verdicts delivered for held calls.
+    verdicts: Rc<Verdicts>,
     /// Other cores' inboxes, for backend announcements.
     announce: Rc<dyn Fn(Msg)>,
 }
@@ -58,6 +73,8 @@ impl AgentConn {
             worker,
             outbox,
             streams: HashMap::new(),
+            held: HashMap::new(),
+            verdicts: Rc::new(Verdicts::default()),
             announce,
         }
     }
@@ -98,11 +115,95 @@ impl AgentConn {
                 return;
             }
         };
-        let s = &self.worker.settings;
-        let flow_control = s.flow_control
+        let flow_control = self.worker.settings.flow_control
             && metadata
                 .get(FLOW_CONTROL_KEY.as_bytes())
                 .is_some_and(|v| v == "1");
+        let reverse = metadata
+            .get(REVERSE_KEY.as_bytes())
+            .is_some_and(|v| v == "1");
+        let call = Registration {
+            agent_id,
+            identifiers,
+            flow_control,
+            reverse,
+        };
+        // Token authentication (upstream: after the agent id and
+        // identifiers, before the response headers): hold the call until
+        // the verdict arrives (crate::auth).
+        if let Some(auth) = self.worker.auth.get() {
+            let token = match crate::auth::bearer_token(metadata) {
+                Ok(t) => t,
+                Err((result, msg)) => {
+                    self.refuse(grpc, id, &call.agent_id, result, None, &msg);
+                    return;
+                }
+            };
+            match auth.hold(&self.worker, &token, id, &self.verdicts, &self.outbox) {
+                Ok(hold) => {
+                    self.held.insert(id, (hold, call));
+                }
+                Err(verdict) => self.decide(
+                    grpc,
+                    id,
+                    call,
+                    Outcome {
+                        verdict,
+                        source: Source::Reviewer,
+                    },
+                ),
+            }
+            return;
+        }
+        self.register(grpc, id, call);
+    }
+
+    /// A held call's verdict arrived.
+    fn decide(&mut self, grpc: &mut Grpc, id: u32, call: Registration, outcome: Outcome) {
+        let result = AuthResult::of(&outcome.verdict);
+        match outcome.verdict {
+            Verdict::Allowed { username } => {
+                self.count_auth(result, Some(outcome.source));
+                tracing::debug!(agent_id = %call.agent_id, %username, "Agent successfully authenticated via token");
+                self.register(grpc, id, call);
+            }
+            Verdict::Refused { message, .. } => {
+                let msg = format!("{}{message}", crate::auth::VALIDATE_PREFIX);
+                self.refuse(grpc, id, &call.agent_id, result, Some(outcome.source), &msg);
+            }
+        }
+    }
+
+    fn count_auth(&self, result: AuthResult, source: Option<Source>) {
+        self.worker
+            .all_metrics
+            .agent_auth(result.as_str(), crate::auth::source_label(source));
+    }
+
+    /// Refuse a Connect call as upstream does: status Unknown, its text.
+    fn refuse(
+        &mut self,
+        grpc: &mut Grpc,
+        id: u32,
+        agent_id: &str,
+        result: AuthResult,
+        source: Option<Source>,
+        msg: &str,
+    ) {
+        self.count_auth(result, source);
+        tracing::error!(agent_id = %agent_id, error = %msg, "Client authentication failed");
+        let _ = grpc.finish(id, GrpcStatus::UNKNOWN, msg);
+    }
+
+    /// Answer the call with the response headers and register the backend.
+    fn register(&mut self, grpc: &mut Grpc, id: u32, call: Registration) {
+        let Registration {
+            agent_id,
+            identifiers,
+            flow_control,
+            reverse,
+        } = call;
+        let s = &self.worker.settings;
         let mut md = Headers::new();
         md.push(
             Bytes::from_static(b"serverid"),
@@ -118,9 +219,6 @@ impl AgentConn {
                 Bytes::from_static(b"1"),
             );
         }
-        let reverse = metadata
-            .get(REVERSE_KEY.as_bytes())
-            .is_some_and(|v| v == "1");
         if reverse {
             md.push(
                 Bytes::from_static(REVERSE_KEY.as_bytes()),
@@ -161,6 +259,15 @@ impl AgentConn {
             let load = std::sync::Arc::new(crate::worker::BackendLoad::default());
             self.worker.loads.borrow_mut().insert(bid, load.clone());
             (self.announce)(Msg::BackendUp(e, load));
+        }
+    }
+
+    /// A held call's stream went away: drop the hold.
+    fn unhold(&mut self, id: u32) {
+        if let Some((hold, _)) = self.held.remove(&id)
+            && let Some(auth) = self.worker.auth.get()
+        {
+            auth.forget(hold);
         }
     }
 
@@ -258,15 +365,31 @@ impl Handler<Grpc> for AgentConn {
                 }
             }
             GrpcEvent::HalfClose { id } => {
+                self.unhold(id);
                 self.gone(id);
                 let _ = grpc.finish(id, GrpcStatus::OK, "");
             }
-            GrpcEvent::Finished { id, .. } => self.gone(id),
+            GrpcEvent::Finished { id, status, .. } => {
+                if status != GrpcStatus::OK && self.streams.contains_key(&id) {
+                    let code = crate::frontend::upstream_recv_code(status);
+                    self.worker
+                        .metrics
+                        .stream_errors(Segment::FromAgent, code, None)
+                        .inc();
+                }
+                self.unhold(id);
+                self.gone(id);
+            }
             GrpcEvent::ResponseHeaders { .. } | GrpcEvent::GoAway { .. } => {}
         }
     }
 
     fn after_dispatch(&mut self, grpc: &mut Grpc) {
+        for (stream, outcome) in self.verdicts.take() {
+            if let Some((_, call)) = self.held.remove(&stream) {
+                self.decide(grpc, stream, call, outcome);
+            }
+        }
         self.outbox.flush(grpc);
         let s = &self.worker.settings;
         for (&stream, bid) in &self.streams {
@@ -283,6 +406,10 @@ impl Handler<Grpc> for AgentConn {
     fn on_close(&mut self, _grpc: &mut Grpc, error: Option<&konn_core::Error>) {
         if let Some(e) = error {
             tracing::debug!(error = %e, "agent connection ended");
+        }
+        let held: Vec<u32> = self.held.keys().copied().collect();
+        for id in held {
+            self.unhold(id);
         }
         let ids: Vec<u32> = self.streams.keys().copied().collect();
         for id in ids {

@@ -241,7 +241,15 @@ impl Handler<Grpc> for FrontendConn {
                 self.gone(id);
                 let _ = grpc.finish(id, GrpcStatus::OK, "");
             }
-            GrpcEvent::Finished { id, .. } => self.gone(id),
+            GrpcEvent::Finished { id, status, .. } => {
+                if status != GrpcStatus::OK && self.streams.contains_key(&id) {
+                    self.worker
+                        .metrics
+                        .stream_errors(Segment::FromClient, upstream_recv_code(status), None)
+                        .inc();
+                }
+                self.gone(id);
+            }
             GrpcEvent::Writable { .. }
             | GrpcEvent::ResponseHeaders { .. }
             | GrpcEvent::GoAway { .. } => {}
@@ -279,5 +287,17 @@ impl Handler<Grpc> for FrontendConn {
             self.gone(id);
         }
         self.outbox.close();
+    }
+}
+
+/// The code grpc-go's server-side `Recv` reports for a call that ended
+/// with `status` (upstream counts it in `stream_errors_total`): a lost
+/// connection is `Canceled` there (the stream's context is cancelled), not
+/// konn's `Unavailable`.
+pub fn upstream_recv_code(status: GrpcStatus) -> GrpcStatus {
+    if status == GrpcStatus::UNAVAILABLE {
+        GrpcStatus::CANCELLED
+    } else {
+        status
     }
 }

@@ -9,7 +9,10 @@
 //! - [`options`]: the command line (every upstream v0.36 flag, konn's own).
 //! - [`settings`]: run-time settings built from the options.
 //! - [`worker`]: one worker's state and the hand-off between connections.
-//! - [`agents`]: the agent port (`/AgentService/Connect` → backends).
+//! - [`agents`]: the agent port (`/AgentService/Connect` → backends);
+//!   [`auth`]: agent token authentication (calls held for a TokenReview).
+//! - [`kube`]: the Kubernetes side: TokenReview and the lease controller on
+//!   the control-plane thread.
 //! - [`frontend`]: gRPC frontends (`/ProxyService/Proxy` → frontends).
 //! - [`connect`]: HTTP CONNECT frontends.
 //! - [`reverse`]: the reverse direction (KEP-2025): dialling allowed
@@ -18,10 +21,12 @@
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints.
 
 pub mod agents;
+pub mod auth;
 pub mod connect;
 pub mod error;
 pub mod frontend;
 pub mod health;
+pub mod kube;
 pub mod metrics;
 pub mod options;
 pub mod reverse;

@@ -184,6 +184,8 @@ struct Families {
     lease_list_latency: DynamicHistogramVec,
     lease_lists: DynamicCounterVec,
     reverse: ReverseFamilies,
+    agent_auth: DynamicCounterVec,
+    token_reviews: DynamicCounterVec,
 }
 
 /// `reason` labels of `konn_reverse_refusals_total`, in
@@ -283,9 +285,22 @@ impl Families {
             "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason.",
             &["http_status_code", "reason"],
         );
+        // konn's own families (no upstream counterpart).
+        let agent_auth = b.dynamic_counter_vec(
+            "konn_server_agent_auth_total",
+            "Agent token authentications, by result (allowed, missing_token, too_many_tokens, no_bearer_prefix, denied, unavailable, timeout, busy) and where the verdict came from (header, api, cache, coalesced, reviewer).",
+            &["result", "source"],
+        );
+        let token_reviews = b.dynamic_counter_vec(
+            "konn_server_token_reviews_total",
+            "TokenReview calls made to kube-apiserver, by HTTP status code (none: no answer).",
+            &["code"],
+        );
         let reverse = ReverseFamilies::register(b, &REVERSE_REASONS);
         Self {
             reverse,
+            agent_auth,
+            token_reviews,
             dial_duration,
             frontend_write_duration,
             grpc_connections,
@@ -351,6 +366,19 @@ impl ServerMetrics {
         self.set_ready_backends(strategy, 0);
     }
 
+    /// `full_receive_channels{service_method}` at 0 for both methods, from
+    /// the start: alerts are written on the series. (Upstream creates a
+    /// series only when a channel is first full; konn never blocks a
+    /// receive loop on a full channel — flows are paused one by one — so
+    /// the value stays 0.)
+    pub fn init_connect_channels(&self) {
+        for m in [ServiceMethod::Proxy, ServiceMethod::Connect] {
+            self.registry
+                .gauge(self.families.full_receive_channels.series(&[m as usize]))
+                .touch();
+        }
+    }
+
     /// `ready_backend_connections` (deprecated; upstream's last writer
     /// among strategies wins).
     pub fn set_ready_backend_connections(&self, count: usize) {
@@ -380,6 +408,19 @@ impl ServerMetrics {
     pub fn dial_failure(&self, reason: DialFailureReason) -> SharedCounter<'_> {
         self.registry
             .counter(self.families.dial_failures.series(&[reason as usize]))
+    }
+
+    /// `konn_server_agent_auth_total{result, source}` += 1.
+    pub fn agent_auth(&self, result: &str, source: &str) {
+        self.registry
+            .dynamic_counter_add(self.families.agent_auth, &[result, source], 1);
+    }
+
+    /// `konn_server_token_reviews_total{code}` += 1 (`None`: no answer).
+    pub fn token_review_call(&self, code: Option<u16>) {
+        let code = code.map_or_else(|| "none".to_owned(), |c| c.to_string());
+        self.registry
+            .dynamic_counter_add(self.families.token_reviews, &[&code], 1);
     }
 
     /// `culled_leases_count` += 1.

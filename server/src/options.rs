@@ -15,8 +15,8 @@
 //!    the mode and strategies). Error texts keep upstream's meaning but name
 //!    the flags.
 //! 4. [`ServerOptions::unsupported_features`] lists what konn cannot do yet
-//!    (token authentication and the lease controller need kube-apiserver
-//!    APIs); the binary refuses to start when it is not empty.
+//!    (nothing at the moment); the binary refuses to start when it is not
+//!    empty.
 //!
 //! Deliberate differences, all documented in `docs/FLAGS.md`:
 //! - `--backend-dial-timeout=0` keeps upstream's default text but konn
@@ -872,20 +872,6 @@ pub struct ServerOptions {
     pub warnings: Vec<String>,
 }
 
-/// Agent token authentication: konn cannot call TokenReview yet.
-const TOKEN_AUTH: Unsupported = Unsupported {
-    flags: "--agent-namespace, --agent-service-account, --authentication-audience",
-    message: "token authentication is not supported yet by konn; it needs TokenReview calls to kube-apiserver. \
-              Authenticate agents with client certificates instead (--cluster-ca-cert).",
-};
-
-/// `--enable-lease-controller`: konn cannot write Leases yet.
-const LEASE_CONTROLLER: Unsupported = Unsupported {
-    flags: "--enable-lease-controller",
-    message: "the lease controller (--enable-lease-controller) is not supported yet by konn; it needs the Kubernetes \
-              Lease API. Set --server-count to the number of proxy-servers instead.",
-};
-
 /// How the start-up sequence (`konn_core::app`) reads and checks them;
 /// `ServerOptions::from_flags` reads and validates every flag of a parsed
 /// [`command`].
@@ -900,14 +886,10 @@ impl Options for ServerOptions {
         &self.warnings
     }
 
+    // Token authentication and the lease controller are supported
+    // (crate::kube); nothing is refused at the moment.
     fn unsupported_features(&self) -> Vec<Unsupported> {
-        [
-            (self.token_auth.is_some(), TOKEN_AUTH),
-            (self.lease_controller.is_some(), LEASE_CONTROLLER),
-        ]
-        .into_iter()
-        .filter_map(|(asked, feature)| asked.then_some(feature))
-        .collect()
+        Vec::new()
     }
 }
 

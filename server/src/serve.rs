@@ -108,6 +108,7 @@ pub struct ServerHandle {
     shared: Arc<Shared>,
     metrics: ServerMetrics,
     listen_stop: Stopper,
+    kube: Option<crate::kube::KubeServices>,
 }
 
 impl ServerHandle {
@@ -177,13 +178,19 @@ impl ServerHandle {
 
     fn stop_inner(&mut self) -> Result<(), Error> {
         self.listen_stop.stop();
-        match self.workers.take() {
+        let r = match self.workers.take() {
             Some(w) => {
                 w.stop();
                 w.join()
             }
             None => Ok(()),
+        };
+        // After the workers (upstream stops its lease controller after the
+        // servers): delete this server's lease, stop the client thread.
+        if let Some(k) = self.kube.take() {
+            k.stop();
         }
+        r
     }
 }
 
@@ -245,6 +252,13 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
     for s in &settings.strategies {
         metrics.init_backend_storage(metric_strategy(*s));
     }
+    metrics.init_connect_channels();
+    let kube = settings
+        .kubernetes
+        .as_ref()
+        .map(|k| crate::kube::KubeServices::start(k, &metrics))
+        .transpose()?;
+    let reviewer = kube.as_ref().and_then(|k| k.reviewer());
     let shared = Arc::new(Shared::default());
     let settings = Arc::new(settings);
     let listen_stop = Stopper::new();
@@ -259,6 +273,7 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
             shared2.clone(),
             metrics2.clone(),
             stop2.clone(),
+            reviewer.clone(),
         )
     })?;
     Ok(ServerHandle {
@@ -271,6 +286,7 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
         shared,
         metrics,
         listen_stop,
+        kube,
     })
 }
 
@@ -290,6 +306,7 @@ async fn worker_main(
     shared: Arc<Shared>,
     metrics: ServerMetrics,
     listen_stop: Stopper,
+    reviewer: Option<(konn_core::kube::review::TokenReviewer, Duration)>,
 ) {
     let index = ctx.index();
     let router = Router::new(
@@ -317,6 +334,10 @@ async fn worker_main(
         ctx.mesh().clone(),
     ));
     worker.set_self();
+    if let Some((reviewer, timeout)) = reviewer {
+        let auth = crate::auth::Auth::new(reviewer, ctx.mesh().clone(), index, timeout);
+        let _ = worker.auth.set(auth);
+    }
     let workers = ctx.workers();
     let w = Rc::downgrade(&worker);
     let announce: Rc<dyn Fn(Msg)> = Rc::new(move |msg: Msg| {

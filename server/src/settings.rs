@@ -89,6 +89,8 @@ pub struct ServerSettings {
     /// The reverse direction (KEP-2025): `--allowed-destination` entries
     /// (their keys are in `router.reverse.allowed`) and the dial timeout.
     pub reverse: ReverseSettings,
+    /// Token authentication and the lease controller (`crate::kube`).
+    pub kubernetes: Option<crate::kube::Kubernetes>,
 }
 
 /// The reverse direction's IO settings (the router holds its allow-list
@@ -179,6 +181,7 @@ impl ServerSettings {
                 destinations: Vec::new(),
                 dial_timeout: Duration::from_secs(10),
             },
+            kubernetes: None,
         }
     }
 
@@ -365,6 +368,7 @@ impl ServerSettings {
                 destinations: Vec::new(),
                 dial_timeout: Duration::from_secs(10),
             },
+            kubernetes: crate::kube::Kubernetes::from_options(o),
         })
     }
 }

@@ -89,6 +89,11 @@ impl Outbox {
     /// Queue an item and poke the connection.
     pub fn push(&self, item: Out) {
         self.items.borrow_mut().push_back(item);
+        self.poke();
+    }
+
+    /// Poke the connection: its handler runs (and flushes this outbox).
+    pub fn poke(&self) {
         let poke = self.poke.borrow();
         if let Some(p) = poke.as_ref() {
             p();
@@ -283,6 +288,14 @@ pub enum Msg {
     },
     /// Start a graceful shutdown: GOAWAY on every connection.
     Shutdown,
+    /// The verdict of an agent's token review (from the control-plane
+    /// thread; see `crate::auth`).
+    AuthVerdict {
+        /// The hold it answers.
+        id: u64,
+        /// The verdict.
+        outcome: konn_core::kube::review::Outcome,
+    },
 }
 
 /// One worker's state.
@@ -329,6 +342,8 @@ pub struct Worker {
     pub out: Outbound<Msg>,
     /// This worker itself, for tasks its actions start (reverse dials).
     me: std::cell::OnceCell<std::rc::Weak<Self>>,
+    /// Agent token authentication, when enabled (set once at start).
+    pub auth: std::cell::OnceCell<crate::auth::Auth>,
 }
 
 impl Worker {
@@ -366,6 +381,7 @@ impl Worker {
             published: Cell::new((0, 0)),
             out: Outbound::new(mesh),
             me: std::cell::OnceCell::new(),
+            auth: std::cell::OnceCell::new(),
         }
     }
 
@@ -540,6 +556,11 @@ impl Worker {
             }
             Msg::BackendDraining(id) => self.router.borrow_mut().directory_mut().set_draining(id),
             Msg::Relay { from, relay } => self.on_relay(from, relay),
+            Msg::AuthVerdict { id, outcome } => {
+                if let Some(auth) = self.auth.get() {
+                    auth.resolve(id, outcome);
+                }
+            }
             Msg::FrontendCredit {
                 from,
                 backend,
@@ -664,7 +685,14 @@ impl Worker {
                     if let Some((outbox, stream)) = target {
                         let ty = self.payload_type(&payload);
                         self.metrics.stream_packets(Segment::ToClient, ty).inc();
+                        // upstream's frontend_write_duration: the time the
+                        // hand-off to the frontend's stream takes (konn's
+                        // never blocks; a stream over its window queues).
+                        let start = konn_core::io::clock::now();
                         outbox.push(Out::Send(stream, encode(payload)));
+                        self.metrics.frontend_write_duration().observe_duration(
+                            konn_core::io::clock::now().saturating_duration_since(start),
+                        );
                     }
                 }
                 Action::ConnectEstablished {
@@ -679,7 +707,11 @@ impl Worker {
                 }
                 Action::ConnectData { frontend, data } => {
                     if let Some(cf) = self.connect_frontend(frontend) {
+                        let start = konn_core::io::clock::now();
                         cf.push(data);
+                        self.metrics.frontend_write_duration().observe_duration(
+                            konn_core::io::clock::now().saturating_duration_since(start),
+                        );
                     }
                 }
                 Action::ConnectFailed { frontend, response } => {

@@ -342,13 +342,7 @@ fn token_auth_rules() {
     assert_eq!(auth.namespace, "kube-system");
     assert_eq!(auth.service_account, "konnectivity-agent");
     assert_eq!(auth.audience, "system:konnectivity-server");
-    let unsupported = o.unsupported_features();
-    assert_eq!(unsupported.len(), 1);
-    assert!(
-        unsupported[0]
-            .to_string()
-            .starts_with("token authentication is not supported yet by konn;")
-    );
+    assert!(o.unsupported_features().is_empty(), "token auth runs");
 
     // Without token auth, --cluster-ca-cert is fine (agent mTLS).
     let o = tcp(&ca, &[&cluster_ca]).unwrap();
@@ -522,9 +516,10 @@ fn lease_labels_checked_only_with_the_controller() {
             .collect::<Vec<_>>(),
         [("a", "b"), ("c", "d")]
     );
-    let unsupported = o.unsupported_features();
-    assert_eq!(unsupported.len(), 1);
-    assert_eq!(unsupported[0].flags, "--enable-lease-controller");
+    assert!(
+        o.unsupported_features().is_empty(),
+        "the lease controller runs"
+    );
 }
 
 #[test]

@@ -21,16 +21,23 @@
 //! - [`connect`]: an HTTP CONNECT frontend client, as kube-apiserver dials.
 //! - [`relay`]: a TCP load balancer whose connections can be cut.
 //! - [`bulk`]: [`Pattern`], [`Sha256`]: reproducible bulk data and its digest.
+//! - [`agentprobe`]: a raw `/AgentService/Connect` call with any metadata.
+//! - [`fakekube`]: a fake kube-apiserver answering TokenReviews.
+//! - [`kube`]: a real etcd + kube-apiserver (`target/kube/`) for the
+//!   token and lease suites.
 //! - [`engine_flag`]: the io engine setting that runs a test on an engine.
 
+pub mod agentprobe;
 pub mod alloc;
 pub mod bulk;
 pub mod connect;
 pub mod dest;
 pub mod error;
+pub mod fakekube;
 pub mod fds;
 pub mod files;
 pub mod frontend;
+pub mod kube;
 pub mod pki;
 pub mod ports;
 pub mod procs;

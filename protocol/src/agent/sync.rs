@@ -19,10 +19,16 @@
 //! 4. A tunnel that ends leaves the set ([`ServerSet::remove`]); the next
 //!    round replaces it.
 //!
-//! The server count is the `servercount` of the last *new* server (a
-//! duplicate never changes it), 1 until a server has answered or when a
-//! server said 0. Lease counting (`--count-server-leases`) is not supported,
-//! so responses are the only source.
+//! The server count ([`ServerSet::server_count`], upstream's
+//! `aggregateServerCounter`) comes from [`CountSource`]:
+//! - responses: the `servercount` of the last *new* server (a duplicate
+//!   never changes it), 1 until a server has answered or when a server said
+//!   0;
+//! - leases (`--count-server-leases`): the number of valid server Leases,
+//!   handed in by the runtime with [`ServerSet::set_lease_count`] whenever
+//!   it changes (konn watches the Leases; 1 until the first count, and 0
+//!   counts as 1);
+//! - max (`--server-count-source=max`): the larger of the two.
 //!
 //! Times are upstream's `wait.Jitter(d, 0.1)` = `d + r·0.1·d` with `r`
 //! uniform in `[0, 1)`, and `wait.Backoff{Duration: interval, Factor: 1.5,
@@ -50,6 +56,19 @@ pub const JITTER: f64 = 0.1;
 /// stuck in authentication stalls its whole sync loop.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Where the number of servers to hold comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CountSource {
+    /// The servers' `servercount` headers (no lease counting).
+    #[default]
+    Responses,
+    /// The valid server Leases (`--count-server-leases`).
+    Leases,
+    /// The larger of the two (`--count-server-leases
+    /// --server-count-source=max`).
+    Max,
+}
+
 /// The sync policy's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SyncConfig {
@@ -64,6 +83,8 @@ pub struct SyncConfig {
     /// Bound on one attempt, dial to response headers
     /// ([`DEFAULT_HEADER_TIMEOUT`]).
     pub header_timeout: Duration,
+    /// Where the server count comes from.
+    pub count_source: CountSource,
 }
 
 impl Default for SyncConfig {
@@ -74,6 +95,7 @@ impl Default for SyncConfig {
             interval_cap: Duration::from_secs(10),
             sync_forever: false,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
+            count_source: CountSource::Responses,
         }
     }
 }
@@ -192,6 +214,7 @@ pub struct ServerSet {
     by_server: HashMap<String, TunnelId>,
     by_tunnel: HashMap<TunnelId, String>,
     last_server_count: usize,
+    lease_count: Option<usize>,
     draining: bool,
     backoff: Backoff,
     rng: Rng,
@@ -205,6 +228,7 @@ impl ServerSet {
             by_server: HashMap::new(),
             by_tunnel: HashMap::new(),
             last_server_count: 0,
+            lease_count: None,
             draining: false,
             backoff: Backoff::new(cfg.interval, cfg.interval_cap),
             rng,
@@ -216,10 +240,24 @@ impl ServerSet {
         &self.cfg
     }
 
-    /// How many servers to hold: the last new server's `servercount`, or 1
-    /// before any answered (and when one said 0).
+    /// How many servers to hold (see the module docs for the sources).
     pub fn server_count(&self) -> usize {
-        self.last_server_count.max(1)
+        let responses = self.last_server_count.max(1);
+        let leases = self.lease_count.unwrap_or(1).max(1);
+        match self.cfg.count_source {
+            CountSource::Responses => responses,
+            CountSource::Leases => leases,
+            CountSource::Max => leases.max(responses),
+        }
+    }
+
+    /// The number of valid server Leases changed; returns whether the
+    /// server count changed with it (then the runtime should run a round
+    /// now rather than after its pause).
+    pub fn set_lease_count(&mut self, leases: usize) -> bool {
+        let before = self.server_count();
+        self.lease_count = Some(leases);
+        self.server_count() != before
     }
 
     /// Servers held.
@@ -336,6 +374,38 @@ mod tests {
         let mut ids: Vec<_> = s.servers().collect();
         ids.sort_unstable();
         assert_eq!(ids, ["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn lease_counts_follow_upstream_sources() {
+        let cfg = |count_source| SyncConfig {
+            count_source,
+            ..SyncConfig::default()
+        };
+        // Leases only: the responses' count is ignored.
+        let mut s = ServerSet::new(cfg(CountSource::Leases), Rng::new(1));
+        assert_eq!(s.server_count(), 1, "1 until the first count");
+        assert_eq!(s.admit(1, "a", 5), Admission::New);
+        assert_eq!(s.server_count(), 1);
+        assert!(s.set_lease_count(3));
+        assert_eq!(s.round(), Round::Connect { server_count: 3 });
+        assert!(!s.set_lease_count(3), "no change");
+        assert!(s.set_lease_count(0));
+        assert_eq!(s.server_count(), 1, "0 counts as 1");
+        // Max: the larger of the two.
+        let mut m = ServerSet::new(cfg(CountSource::Max), Rng::new(1));
+        m.set_lease_count(2);
+        assert_eq!(m.server_count(), 2);
+        m.admit(1, "a", 4);
+        assert_eq!(m.server_count(), 4);
+        assert!(m.set_lease_count(6));
+        assert_eq!(m.server_count(), 6);
+        assert!(m.set_lease_count(3));
+        assert_eq!(m.server_count(), 4);
+        // Without lease counting a lease count changes nothing.
+        let mut r = ServerSet::new(SyncConfig::default(), Rng::new(1));
+        assert!(!r.set_lease_count(9));
+        assert_eq!(r.server_count(), 1);
     }
 
     #[test]
