@@ -679,5 +679,6 @@ fn status_from_reset(reason: Reason) -> GrpcStatus {
     }
 }
 
+mod invariants;
 #[cfg(test)]
 mod tests;

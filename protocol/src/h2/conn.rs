@@ -18,6 +18,11 @@ use super::stream::{Closed, ClosedRing, SendItem, State, Stream, StreamMap};
 use super::{Config, Event, Role};
 use crate::Error;
 
+// `Connection::check_invariants`, in its own file to keep this one about
+// the protocol.
+#[path = "invariants.rs"]
+mod invariants;
+
 /// PING payload of keepalive probes.
 const KEEPALIVE_PING: [u8; 8] = *b"konn-ka\0";
 /// PING payload that ends phase one of a graceful GOAWAY.
@@ -408,7 +413,7 @@ impl Connection {
             && s.recv_open()
             && let Some(inc) = s.recv.release(n)
         {
-            self.control.push_back(Control::WindowUpdate { id, inc });
+            self.push_control(Control::WindowUpdate { id, inc });
         }
     }
 
@@ -1199,7 +1204,7 @@ impl Connection {
         if let Some(bdp) = &mut self.bdp
             && bdp.on_data(now, flow as usize)
         {
-            self.control.push_back(Control::Ping {
+            self.push_control(Control::Ping {
                 ack: false,
                 payload: BDP_PING,
             });
@@ -1416,7 +1421,7 @@ impl Connection {
             if s.state == State::HalfClosedLocal && s.remote_initiated && !s.app_held {
                 // Released by the application: the peer's side is not
                 // needed any more.
-                self.control.push_back(Control::Rst {
+                self.push_control(Control::Rst {
                     id,
                     reason: Reason::NO_ERROR,
                 });
@@ -1471,8 +1476,14 @@ impl Connection {
 
     // ----- helpers --------------------------------------------------------
 
+    /// Queue a control frame. After a connection error only the GOAWAY
+    /// that reports it goes out (queued by [`Connection::fail`]): whatever
+    /// the application still does (return credit, reset streams) is not
+    /// written.
     fn push_control(&mut self, c: Control) {
-        self.control.push_back(c);
+        if self.error.is_none() {
+            self.control.push_back(c);
+        }
     }
 
     fn mark_ready(&mut self, id: u32) {
