@@ -500,6 +500,8 @@ impl Tunnel {
     }
 }
 
+mod invariants;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -132,7 +132,9 @@ impl Connection {
         if self.closed.len() > self.cfg.limits.closed_streams_remembered {
             return Err(format!("{} closed ids remembered", self.closed.len()));
         }
+        // (A block over a limit fails the connection and stays behind.)
         if let Some(b) = &self.block
+            && self.error.is_none()
             && (b.buf.len() > self.cfg.limits.max_header_block
                 || b.continuations > self.cfg.limits.max_continuation_frames)
         {

@@ -1302,5 +1302,6 @@ pub fn payload_type(p: &Payload) -> Option<PacketType> {
     }
 }
 
+mod invariants;
 #[cfg(test)]
 mod tests;
