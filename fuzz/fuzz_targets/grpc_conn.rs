@@ -29,15 +29,37 @@ use libfuzzer_sys::fuzz_target;
 #[derive(Arbitrary, Debug)]
 enum Call {
     StartCall,
-    Accept { sid: Sid },
-    SendMessage { sid: Sid, len: u16 },
-    SendFramed { sid: Sid, len: u16 },
+    Accept {
+        sid: Sid,
+    },
+    SendMessage {
+        sid: Sid,
+        len: u16,
+    },
+    SendFramed {
+        sid: Sid,
+        len: u16,
+    },
     /// Return `frac`/255 of the credit owed on a call.
-    Release { sid: Sid, frac: u8 },
-    CloseSend { sid: Sid },
-    Finish { sid: Sid, status: u8, message: bool },
-    Cancel { sid: Sid },
-    NotifyWhenDrained { sid: Sid, low: u16 },
+    Release {
+        sid: Sid,
+        frac: u8,
+    },
+    CloseSend {
+        sid: Sid,
+    },
+    Finish {
+        sid: Sid,
+        status: u8,
+        message: bool,
+    },
+    Cancel {
+        sid: Sid,
+    },
+    NotifyWhenDrained {
+        sid: Sid,
+        low: u16,
+    },
     Shutdown,
     Abort,
     ConnectionLost,
@@ -71,7 +93,12 @@ impl App for G {
         while let Some(e) = self.0.poll_event() {
             match e {
                 GrpcEvent::Call { id, .. } | GrpcEvent::ResponseHeaders { id, .. } => st.learn(id),
-                GrpcEvent::Message { id, msg, framed, flow } => {
+                GrpcEvent::Message {
+                    id,
+                    msg,
+                    framed,
+                    flow,
+                } => {
                     if let Some(f) = &framed
                         && (f.len() != msg.len() + 5 || f[5..] != msg[..])
                     {
@@ -137,7 +164,9 @@ impl App for G {
                 let _ = g.finish(st.id(sid), GrpcStatus(u32::from(status % 17)), text);
             }
             Call::Cancel { sid } => g.cancel(st.id(sid)),
-            Call::NotifyWhenDrained { sid, low } => g.notify_when_drained(st.id(sid), usize::from(low)),
+            Call::NotifyWhenDrained { sid, low } => {
+                g.notify_when_drained(st.id(sid), usize::from(low))
+            }
             Call::Shutdown => g.conn_mut().shutdown(),
             Call::Abort => g.conn_mut().abort(Reason::ENHANCE_YOUR_CALM, "fuzz: abort"),
             Call::ConnectionLost => g.connection_lost(),

@@ -25,15 +25,38 @@ use libfuzzer_sys::fuzz_target;
 /// The application's calls.
 #[derive(Arbitrary, Debug)]
 enum Call {
-    Open { end_stream: bool },
-    SendHeaders { sid: Sid, status: u16, end_stream: bool },
-    SendData { sid: Sid, len: u16, end_stream: bool },
-    SendTrailers { sid: Sid },
-    Reset { sid: Sid, code: u8 },
+    Open {
+        end_stream: bool,
+    },
+    SendHeaders {
+        sid: Sid,
+        status: u16,
+        end_stream: bool,
+    },
+    SendData {
+        sid: Sid,
+        len: u16,
+        end_stream: bool,
+    },
+    SendTrailers {
+        sid: Sid,
+    },
+    Reset {
+        sid: Sid,
+        code: u8,
+    },
     /// Return `frac`/255 of the credit owed on a stream.
-    Release { sid: Sid, frac: u8 },
-    ReleaseStream { sid: Sid },
-    NotifyWhenDrained { sid: Sid, low: u16 },
+    Release {
+        sid: Sid,
+        frac: u8,
+    },
+    ReleaseStream {
+        sid: Sid,
+    },
+    NotifyWhenDrained {
+        sid: Sid,
+        low: u16,
+    },
     Shutdown,
     Abort,
     ConnectionLost,
@@ -92,7 +115,11 @@ impl App for H2 {
                 status,
                 end_stream,
             } => {
-                let _ = c.send_headers(st.id(sid), Headers::response(100 + status % 500), end_stream);
+                let _ = c.send_headers(
+                    st.id(sid),
+                    Headers::response(100 + status % 500),
+                    end_stream,
+                );
             }
             Call::SendData {
                 sid,
@@ -124,7 +151,9 @@ impl App for H2 {
                 c.release_capacity(id, n);
             }
             Call::ReleaseStream { sid } => c.release_stream(st.id(sid)),
-            Call::NotifyWhenDrained { sid, low } => c.notify_when_drained(st.id(sid), usize::from(low)),
+            Call::NotifyWhenDrained { sid, low } => {
+                c.notify_when_drained(st.id(sid), usize::from(low))
+            }
             Call::Shutdown => c.shutdown(),
             Call::Abort => c.abort(Reason::ENHANCE_YOUR_CALM, "fuzz: abort"),
             Call::ConnectionLost => c.connection_lost(),

@@ -127,8 +127,11 @@ impl CfgSel {
 /// One step of the script.
 #[derive(Arbitrary, Debug)]
 pub enum Op<A> {
-    /// The peer writes a frame (not yet delivered).
+    /// The peer writes a frame, and everything it wrote is delivered.
     Frame(PeerFrame),
+    /// The peer writes a frame; only this many of its pending bytes are
+    /// delivered (the rest waits for the next delivery).
+    Split(PeerFrame, u16),
     /// The peer writes raw bytes.
     Raw(Vec<u8>),
     /// Deliver up to this many of the peer's bytes (0: all) and handle them.
@@ -243,15 +246,30 @@ pub enum HeaderSet {
 pub enum PeerFrame {
     Settings(Vec<(SetId, Val)>),
     SettingsAck,
-    Ping { ack: bool, data: PingData },
-    WindowUpdate { sid: Sid, inc: Val },
-    Rst { sid: Sid, code: u8 },
-    GoAway { last: Sid, code: u8, debug: u8 },
+    Ping {
+        ack: bool,
+        data: PingData,
+    },
+    WindowUpdate {
+        sid: Sid,
+        inc: Val,
+    },
+    Rst {
+        sid: Sid,
+        code: u8,
+    },
+    GoAway {
+        last: Sid,
+        code: u8,
+        debug: u8,
+    },
     /// A header block as HEADERS plus CONTINUATIONs cut at `cuts` bytes;
-    /// `unfinished` leaves the last frame without END_HEADERS.
+    /// `unfinished` leaves the last frame without END_HEADERS. No `set`:
+    /// what the stream expects next (a gRPC request; a gRPC response, then
+    /// its trailers).
     Headers {
         sid: Sid,
-        set: HeaderSet,
+        set: Option<HeaderSet>,
         end_stream: bool,
         cuts: Vec<u8>,
         unfinished: bool,
@@ -259,17 +277,48 @@ pub enum PeerFrame {
         priority: Option<(Sid, u8, bool)>,
     },
     /// A lone CONTINUATION carrying raw bytes.
-    Continuation { sid: Sid, end_headers: bool, fragment: Vec<u8> },
+    Continuation {
+        sid: Sid,
+        end_headers: bool,
+        fragment: Vec<u8>,
+    },
     /// DATA with `len` bytes of payload.
-    Data { sid: Sid, len: u16, end_stream: bool, pad: Option<u8> },
+    Data {
+        sid: Sid,
+        len: u16,
+        end_stream: bool,
+        pad: Option<u8>,
+    },
     /// gRPC messages (`(length, compressed flag)`) cut into DATA frames
     /// of `cut` bytes (0: one frame).
-    Grpc { sid: Sid, msgs: Vec<(u16, u8)>, cut: u16, end_stream: bool },
+    Grpc {
+        sid: Sid,
+        msgs: Vec<(u16, u8)>,
+        cut: u16,
+        end_stream: bool,
+    },
     /// A gRPC prefix announcing `len` bytes, and only `have` of them.
-    GrpcPrefix { sid: Sid, len: u32, have: u8 },
-    Priority { sid: Sid, dep: Sid, weight: u8, exclusive: bool },
-    PushPromise { sid: Sid, promised: Sid },
-    Unknown { ty: u8, flags: u8, sid: Sid, len: u8 },
+    GrpcPrefix {
+        sid: Sid,
+        len: u32,
+        have: u8,
+    },
+    Priority {
+        sid: Sid,
+        dep: Sid,
+        weight: u8,
+        exclusive: bool,
+    },
+    PushPromise {
+        sid: Sid,
+        promised: Sid,
+    },
+    Unknown {
+        ty: u8,
+        flags: u8,
+        sid: Sid,
+        len: u8,
+    },
     /// The client preface again.
     Preface,
 }
@@ -282,6 +331,9 @@ pub struct Peer {
     pub out: BytesMut,
     enc: hpack::Encoder,
     next_id: u32,
+    our_role: Role,
+    /// Streams the peer sent a header block on.
+    headers_sent: std::collections::HashSet<u32>,
 }
 
 impl Peer {
@@ -295,6 +347,8 @@ impl Peer {
                 Role::Server => 1,
                 Role::Client => 2,
             },
+            our_role,
+            headers_sent: std::collections::HashSet::new(),
         }
     }
 
@@ -372,7 +426,10 @@ impl Peer {
                 (b"content-type".to_vec(), b"application/grpc".to_vec()),
             ],
             HeaderSet::PlainResponse(s) => {
-                vec![(b":status".to_vec(), (100 + s % 500).to_string().into_bytes())]
+                vec![(
+                    b":status".to_vec(),
+                    (100 + s % 500).to_string().into_bytes(),
+                )]
             }
             HeaderSet::Informational => vec![(b":status".to_vec(), b"100".to_vec())],
             HeaderSet::GrpcTrailers(s, msg) => {
@@ -464,7 +521,15 @@ impl Peer {
                 priority,
             } => {
                 let stream_id = self.sid(*sid, known);
-                let block = self.block(set);
+                let natural = match self.our_role {
+                    Role::Server => HeaderSet::GrpcRequest,
+                    Role::Client if self.headers_sent.contains(&stream_id) => {
+                        HeaderSet::GrpcTrailers(0, false)
+                    }
+                    Role::Client => HeaderSet::GrpcResponse,
+                };
+                self.headers_sent.insert(stream_id);
+                let block = self.block(set.as_ref().unwrap_or(&natural));
                 let priority = priority.map(|(dep, weight, exclusive)| Priority {
                     dependency: self.sid(dep, known),
                     weight,
@@ -474,7 +539,9 @@ impl Peer {
                 let mut first = true;
                 let mut cuts = cuts.iter();
                 loop {
-                    let n = cuts.next().map_or(rest.len(), |&c| usize::from(c).min(rest.len()));
+                    let n = cuts
+                        .next()
+                        .map_or(rest.len(), |&c| usize::from(c).min(rest.len()));
                     let (chunk, tail) = rest.split_at(n);
                     let end_headers = tail.is_empty() && !*unfinished;
                     if first {
@@ -544,7 +611,11 @@ impl Peer {
                     body.extend_from_slice(&u32::from(len).to_be_bytes());
                     body.extend(std::iter::repeat_n(0x6b, usize::from(len)));
                 }
-                let cut = if *cut == 0 { body.len().max(1) } else { usize::from(*cut) };
+                let cut = if *cut == 0 {
+                    body.len().max(1)
+                } else {
+                    usize::from(*cut)
+                };
                 let chunks: Vec<&[u8]> = if body.is_empty() {
                     vec![&[]]
                 } else {
@@ -697,7 +768,10 @@ impl Output {
             };
             let head = frame.head();
             if head.len > limit {
-                return Err(format!("wrote a {}-byte frame, peer allows {limit}", head.len));
+                return Err(format!(
+                    "wrote a {}-byte frame, peer allows {limit}",
+                    head.len
+                ));
             }
             if let Some(id) = self.open_block
                 && !matches!(frame, Frame::Continuation { stream_id, .. } if stream_id == id)
@@ -708,7 +782,8 @@ impl Output {
                 let initial = first
                     && matches!(
                         frame,
-                        Frame::Settings { ack: false, .. } | Frame::WindowUpdate { stream_id: 0, .. }
+                        Frame::Settings { ack: false, .. }
+                            | Frame::WindowUpdate { stream_id: 0, .. }
                     );
                 if !initial {
                     let want = match e {
@@ -751,7 +826,12 @@ impl Output {
                     }
                     self.block(stream_id, end_headers, fragment)?;
                 }
-                Frame::Data { stream_id, data: d, pad_len, .. } => {
+                Frame::Data {
+                    stream_id,
+                    data: d,
+                    pad_len,
+                    ..
+                } => {
                     if pad_len.is_some() {
                         return Err("konn pads DATA".into());
                     }
@@ -895,7 +975,11 @@ impl AppState {
 
 /// Runs one script; `Err` is an invariant broken (the target panics with it).
 pub fn run<A: App>(input: &Input<A::Op>) -> Result<(), String> {
-    let role = if input.client { Role::Client } else { Role::Server };
+    let role = if input.client {
+        Role::Client
+    } else {
+        Role::Server
+    };
     let mut now = epoch();
     let mut app = A::new(input.cfg.config(role), now);
     let mut peer = Peer::new(role);
@@ -910,23 +994,16 @@ pub fn run<A: App>(input: &Input<A::Op>) -> Result<(), String> {
     }
     for (step, op) in input.ops.iter().enumerate() {
         match op {
-            Op::Frame(f) => peer.frame(f, &st.ids),
-            Op::Raw(b) => peer.out.put_slice(b),
-            Op::Feed(n) => {
-                let n = match usize::from(*n) {
-                    0 => peer.out.len(),
-                    n => n.min(peer.out.len()),
-                };
-                inbuf.put_slice(&peer.out.split_to(n));
-                let before = app.conn().error();
-                let r = app.handle_input(now, &mut inbuf);
-                if before.is_some() && r.is_ok() {
-                    return Err("handle_input succeeded after a connection error".into());
-                }
-                if r.is_err() != app.conn().error().is_some() {
-                    return Err(format!("handle_input returned {r:?}, error() is {:?}", app.conn().error()));
-                }
+            Op::Frame(f) => {
+                peer.frame(f, &st.ids);
+                feed(&mut app, &mut peer, &mut inbuf, now, 0)?;
             }
+            Op::Split(f, n) => {
+                peer.frame(f, &st.ids);
+                feed(&mut app, &mut peer, &mut inbuf, now, *n)?;
+            }
+            Op::Raw(b) => peer.out.put_slice(b),
+            Op::Feed(n) => feed(&mut app, &mut peer, &mut inbuf, now, *n)?,
             Op::Transmit(max) => transmit(&mut app, &mut output, &mut st, now, *max)?,
             Op::Advance(ms) => {
                 now += Duration::from_millis(u64::from(*ms));
@@ -937,8 +1014,10 @@ pub fn run<A: App>(input: &Input<A::Op>) -> Result<(), String> {
             Op::Timeout => app.handle_timeout(now),
             Op::App(a) => app.op(a, &mut st, now),
         }
-        app.events(&mut st).map_err(|e| format!("step {step}: {e}"))?;
-        app.check(&st).map_err(|e| format!("step {step} ({op:?}): {e}"))?;
+        app.events(&mut st)
+            .map_err(|e| format!("step {step}: {e}"))?;
+        app.check(&st)
+            .map_err(|e| format!("step {step} ({op:?}): {e}"))?;
     }
     // The end: whatever state it is in, an aborted connection flushes its
     // GOAWAY and is closed.
@@ -957,6 +1036,34 @@ pub fn run<A: App>(input: &Input<A::Op>) -> Result<(), String> {
     Ok(())
 }
 
+/// Delivers up to `n` of the peer's pending bytes (0: all) and has the
+/// connection handle them.
+fn feed<A: App>(
+    app: &mut A,
+    peer: &mut Peer,
+    inbuf: &mut BytesMut,
+    now: Instant,
+    n: u16,
+) -> Result<(), String> {
+    let n = match usize::from(n) {
+        0 => peer.out.len(),
+        n => n.min(peer.out.len()),
+    };
+    inbuf.put_slice(&peer.out.split_to(n));
+    let before = app.conn().error();
+    let r = app.handle_input(now, inbuf);
+    if before.is_some() && r.is_ok() {
+        return Err("handle_input succeeded after a connection error".into());
+    }
+    if r.is_err() != app.conn().error().is_some() {
+        return Err(format!(
+            "handle_input returned {r:?}, error() is {:?}",
+            app.conn().error()
+        ));
+    }
+    Ok(())
+}
+
 fn transmit<A: App>(
     app: &mut A,
     output: &mut Output,
@@ -964,7 +1071,11 @@ fn transmit<A: App>(
     now: Instant,
     max: u16,
 ) -> Result<(), String> {
-    let max = if max == 0 { usize::MAX } else { usize::from(max) };
+    let max = if max == 0 {
+        usize::MAX
+    } else {
+        usize::from(max)
+    };
     let failed = app.conn().error();
     let mut out = BytesMut::new();
     let n = app.poll_transmit(now, &mut out, max);

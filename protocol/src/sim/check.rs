@@ -85,7 +85,7 @@ impl Sim {
             };
             let known = self.router.frontend_queued(fid);
             if fe.gone {
-                if known.is_some() && !fe.connect {
+                if known.is_some() {
                     return Err(format!("frontend {fid} gone, the router keeps it"));
                 }
                 continue;
@@ -101,7 +101,7 @@ impl Sim {
                 ));
             }
             let paused = self.router.frontend_paused(fid);
-            if paused != fe.paused {
+            if fe.connect && paused != fe.paused {
                 return Err(format!(
                     "frontend {fid}: router paused {paused}, IO layer paused {}",
                     fe.paused

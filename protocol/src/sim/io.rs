@@ -378,14 +378,20 @@ impl Sim {
                     self.a2s.window += credit;
                 }
             }
+            // Only a CONNECT socket stops being read (a gRPC frontend's
+            // credit is held by the router instead), as in the server.
             Action::PauseFrontend { frontend } => {
-                if let Some(fe) = self.fes.get_mut(&frontend) {
+                if let Some(fe) = self.fes.get_mut(&frontend)
+                    && fe.connect
+                {
                     fe.paused = true;
                 }
             }
             Action::ResumeFrontend { frontend, credit } => {
                 if let Some(fe) = self.fes.get_mut(&frontend) {
-                    fe.paused = false;
+                    if fe.connect {
+                        fe.paused = false;
+                    }
                     if credit > fe.held {
                         let what = format!(
                             "frontend {frontend}: router returned {credit} credit, held {}",
