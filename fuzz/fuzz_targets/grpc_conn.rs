@@ -11,7 +11,7 @@
 //! hold), and everything written (see `common/h2peer.rs`).
 #![no_main]
 
-#[path = "common/h2peer.rs"]
+#[path = "common/h2peer/mod.rs"]
 mod h2peer;
 
 use std::time::Instant;

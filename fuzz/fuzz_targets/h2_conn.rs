@@ -9,7 +9,7 @@
 //! connection has not written yet.
 #![no_main]
 
-#[path = "common/h2peer.rs"]
+#[path = "common/h2peer/mod.rs"]
 mod h2peer;
 
 use std::time::Instant;

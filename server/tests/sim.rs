@@ -291,19 +291,33 @@ proptest! {
 /// an earlier version of the harness), kept as fixed cases.
 #[test]
 fn fuzz_found_scenarios_end_clean() {
-    let scenarios: &[(bool, &[Op])] = &[(
-        // PAUSE out of turn, then the destination closes: the router
-        // unpauses the gRPC frontend without a RESUME (nothing was held).
-        true,
-        &[
-            Op::Dial(DestKind::Echo, 410_640),
-            Op::Wait(2829),
-            Op::AgentSignal(0, true),
-            Op::Drain,
-            Op::DestEof(0),
-            Op::Wait(3003),
-        ],
-    )];
+    let scenarios: &[(bool, &[Op])] = &[
+        (
+            // PAUSE out of turn, then the destination closes: the router
+            // unpauses the gRPC frontend without a RESUME (nothing was held).
+            true,
+            &[
+                Op::Dial(DestKind::Echo, 410_640),
+                Op::Wait(2829),
+                Op::AgentSignal(0, true),
+                Op::Drain,
+                Op::DestEof(0),
+                Op::Wait(3003),
+            ],
+        ),
+        (
+            // Stray DATA (mismatched connectIDs), then the frontend stops
+            // reading: closed as stuck, the router stops counting its queue.
+            true,
+            &[
+                Op::Dial(DestKind::Echo, 913_408),
+                Op::Wait(4),
+                Op::StrayData(0),
+                Op::Deaf(0),
+                Op::Wait(2318),
+            ],
+        ),
+    ];
     for (flow_control, ops) in scenarios {
         konn_protocol::sim::run(epoch(), *flow_control, ops).unwrap();
     }

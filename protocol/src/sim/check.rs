@@ -2,7 +2,6 @@
 //! module docs of `sim`).
 
 use super::{Sim, WINDOW};
-use crate::server::router::FRONTEND_STUCK;
 
 impl Sim {
     /// Checks every invariant now; `Err` names the first one broken
@@ -93,8 +92,7 @@ impl Sim {
             let Some(queued) = known else {
                 continue;
             };
-            let stuck = fe.close_rsp.as_deref() == Some(FRONTEND_STUCK);
-            if queued != fe.level() && !stuck {
+            if queued != fe.level() && !fe.stuck {
                 return Err(format!(
                     "frontend {fid}: router counts {queued} queued, the frontend has {} unread",
                     fe.level()

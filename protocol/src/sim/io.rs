@@ -22,7 +22,22 @@ impl Sim {
         self.now += TICK;
         let now = self.now;
         if self.router.poll_timeout().is_some_and(|t| t <= now) {
+            let counted: Vec<FrontendId> = self
+                .order
+                .iter()
+                .copied()
+                .filter(|&f| self.router.frontend_queued(f).is_some_and(|q| q > 0))
+                .collect();
             self.router.handle_timeout(now);
+            // A queue the timer dropped was closed as stuck: the router no
+            // longer counts what that frontend has not read.
+            for fid in counted {
+                if self.router.frontend_queued(fid).is_none_or(|q| q == 0)
+                    && let Some(fe) = self.fes.get_mut(&fid)
+                {
+                    fe.stuck = true;
+                }
+            }
         }
         if self.tunnel.poll_timeout().is_some_and(|t| t <= now) {
             self.tunnel.handle_timeout(now);

@@ -201,6 +201,8 @@ pub struct Frontend {
     pub paused: bool,
     /// The frontend went away (or the server closed it).
     pub gone: bool,
+    /// The router closed it as stuck (it stopped reading).
+    pub stuck: bool,
     /// gRPC: the frontend's stream window towards the server.
     pub window: usize,
     /// gRPC: credit the server passed on but the router holds.
@@ -541,18 +543,23 @@ impl Sim {
         }
     }
 
-    /// Runs for `d` of simulated time. Stretches where nothing can happen
-    /// but a timer are skipped to just before the next deadline.
+    /// Runs for `d` of simulated time.
     pub fn run_for(&mut self, d: Duration) {
         let end = self.now + d;
         while self.now < end {
-            if let Some(next) = self.idle_until() {
-                let to = next.min(end);
-                if to > self.now + TICK {
-                    self.now = to - TICK;
-                }
-            }
+            self.skip_idle(end);
             self.tick();
+        }
+    }
+
+    /// While nothing can happen but a timer, jump to just before the next
+    /// deadline (at most to `end`): the next tick is the one that matters.
+    fn skip_idle(&mut self, end: Instant) {
+        if let Some(next) = self.idle_until() {
+            let to = next.min(end);
+            if to > self.now + TICK {
+                self.now = to - TICK;
+            }
         }
     }
 
@@ -560,15 +567,23 @@ impl Sim {
     /// a dial finishing). `None` while anything can still move.
     fn idle_until(&self) -> Option<Instant> {
         let links = self.s2a.queue.is_empty() && self.a2s.queue.is_empty();
+        // A destination that neither reads nor has anything the agent may
+        // read (its echo is paused, or there is none and no EOF to report).
         let dests = self.dests.values().all(|d| {
-            d.closed || ((d.inbox.is_empty() || !d.reading) && d.outbox.is_empty() && !d.eof)
+            d.closed
+                || ((d.inbox.is_empty() || !d.reading)
+                    && (d.read_paused || (d.outbox.is_empty() && !d.eof)))
         });
         let fes = self.fes.values().all(|f| {
             let reads = f.reading && !f.stream.is_empty();
             let sends = f.connect_id.is_some()
                 && f.to_send > 0
                 && f.close_rsp.is_none()
-                && if f.connect { !f.paused } else { f.window > 0 };
+                && if f.connect {
+                    !f.paused
+                } else {
+                    f.window >= next_message_len(f)
+                };
             f.gone || (!reads && !sends)
         });
         if !(links && dests && fes) {
@@ -584,6 +599,8 @@ impl Sim {
     }
 
     /// Runs until `done` holds; `Err` after `limit` of simulated time.
+    /// (`done` is checked after every tick; stretches where nothing but a
+    /// timer can change anything are skipped.)
     pub fn run_until(
         &mut self,
         limit: Duration,
@@ -594,6 +611,7 @@ impl Sim {
             if self.now >= end {
                 return Err(format!("not done after {limit:?}: {:?}", self.stats()));
             }
+            self.skip_idle(end);
             self.tick();
         }
         Ok(())
@@ -664,6 +682,17 @@ pub fn run(now: Instant, flow_control: bool, ops: &[Op]) -> Result<(), String> {
     sim.run_for(DIAL_TIMEOUT + STUCK_TIMEOUT + Duration::from_secs(1));
     sim.check().map_err(|e| format!("wind-down: {e}"))?;
     sim.clean().map_err(|e| format!("after the wind-down: {e}"))
+}
+
+/// The framed length of the DATA message a gRPC frontend sends next.
+fn next_message_len(f: &Frontend) -> usize {
+    let n = f.to_send.min(CHUNK).min(RATE);
+    let data = Packet::Data {
+        connect_id: f.connect_id.unwrap_or(0),
+        error: ByteStr::new(),
+        data: Bytes::from_static(&[0; CHUNK]).slice(..n),
+    };
+    data.encoded_len() + 5
 }
 
 fn op_index(op: &Op) -> usize {
