@@ -252,11 +252,10 @@ impl Sim {
     /// `flow_control`: both sides negotiated konn's PAUSE/RESUME
     /// extension.
     pub fn new(now: Instant, flow_control: bool) -> Self {
-        let flow = FlowLimits::from_queue_size(QUEUE, STUCK_TIMEOUT);
         let router = Router::new(
             RouterConfig {
                 dial_timeout: DIAL_TIMEOUT,
-                flow,
+                flow: flow_limits(),
                 ..RouterConfig::default()
             },
             Directory::new(vec![Strategy::Default]),
@@ -284,7 +283,6 @@ impl Sim {
     /// A fresh tunnel (and backend id) between the agent and the server.
     fn connect_tunnel(&mut self) {
         self.backend += 1;
-        let flow = FlowLimits::from_queue_size(QUEUE, STUCK_TIMEOUT);
         self.router.backend_connected(
             self.backend,
             format!("agent-{}", self.backend),
@@ -294,7 +292,7 @@ impl Sim {
         self.router
             .set_flow_control(self.backend, self.flow_control);
         self.tunnel = Tunnel::new(TunnelConfig {
-            flow,
+            flow: flow_limits(),
             ..TunnelConfig::default()
         });
         self.tunnel.set_flow_control(self.flow_control);
@@ -360,9 +358,6 @@ impl Sim {
 
     /// Performs one scenario step.
     pub fn apply(&mut self, op: &Op) {
-        let pick = |s: &Self, i: usize| -> Option<FrontendId> {
-            s.order.get(i % s.order.len().max(1)).copied()
-        };
         match *op {
             Op::Dial(kind, n) => {
                 self.dial(kind, n);
@@ -370,7 +365,17 @@ impl Sim {
             Op::Connect(kind, n) => {
                 self.connect(kind, n);
             }
-            Op::Wait(ms) => self.run_for(Duration::from_millis(ms)),
+            Op::Stall(i) => self.on_frontend(i, |s, f| s.dest_reading(f, false)),
+            Op::Unstall(i) => self.on_frontend(i, |s, f| s.dest_reading(f, true)),
+            Op::Deaf(i) => self.on_frontend(i, |s, f| s.frontend_reading(f, false)),
+            Op::Hear(i) => self.on_frontend(i, |s, f| s.frontend_reading(f, true)),
+            Op::Close(i) => self.on_frontend(i, Self::close),
+            Op::DialCls(i) => self.on_frontend(i, Self::dial_cls),
+            Op::StrayData(i) => self.on_frontend(i, Self::stray_data),
+            Op::Gone(i) => self.on_frontend(i, Self::frontend_gone),
+            Op::DestEof(i) => self.on_frontend(i, Self::dest_eof),
+            Op::AgentSignal(i, pause) => self.on_frontend(i, |s, f| s.agent_signal(f, pause)),
+            Op::ServerSignal(i, pause) => self.on_frontend(i, |s, f| s.server_signal(f, pause)),
             Op::Drain => {
                 self.tunnel.drain();
                 self.pump();
@@ -379,25 +384,14 @@ impl Sim {
                 self.tunnel_gone();
                 self.connect_tunnel();
             }
-            ref op => {
-                let Some(fid) = pick(self, op_index(op)) else {
-                    return;
-                };
-                match *op {
-                    Op::Stall(_) => self.dest_reading(fid, false),
-                    Op::Unstall(_) => self.dest_reading(fid, true),
-                    Op::Deaf(_) => self.frontend_reading(fid, false),
-                    Op::Hear(_) => self.frontend_reading(fid, true),
-                    Op::Close(_) => self.close(fid),
-                    Op::DialCls(_) => self.dial_cls(fid),
-                    Op::StrayData(_) => self.stray_data(fid),
-                    Op::Gone(_) => self.frontend_gone(fid),
-                    Op::DestEof(_) => self.dest_eof(fid),
-                    Op::AgentSignal(_, pause) => self.agent_signal(fid, pause),
-                    Op::ServerSignal(_, pause) => self.server_signal(fid, pause),
-                    _ => {}
-                }
-            }
+            Op::Wait(ms) => self.run_for(Duration::from_millis(ms)),
+        }
+    }
+
+    /// `f` on the frontend with index `i` (modulo their number), if any.
+    fn on_frontend(&mut self, i: usize, f: impl FnOnce(&mut Self, FrontendId)) {
+        if let Some(&fid) = self.order.get(i % self.order.len().max(1)) {
+            f(self, fid);
         }
     }
 
@@ -684,6 +678,11 @@ pub fn run(now: Instant, flow_control: bool, ops: &[Op]) -> Result<(), String> {
     sim.clean().map_err(|e| format!("after the wind-down: {e}"))
 }
 
+/// Each flow's queue marks and stuck timeout, at the server and the agent.
+fn flow_limits() -> FlowLimits {
+    FlowLimits::from_queue_size(QUEUE, STUCK_TIMEOUT)
+}
+
 /// The framed length of the DATA message a gRPC frontend sends next.
 fn next_message_len(f: &Frontend) -> usize {
     let n = f.to_send.min(CHUNK).min(RATE);
@@ -693,23 +692,6 @@ fn next_message_len(f: &Frontend) -> usize {
         data: Bytes::from_static(&[0; CHUNK]).slice(..n),
     };
     data.encoded_len() + 5
-}
-
-fn op_index(op: &Op) -> usize {
-    match *op {
-        Op::Stall(i)
-        | Op::Unstall(i)
-        | Op::Deaf(i)
-        | Op::Hear(i)
-        | Op::Close(i)
-        | Op::DialCls(i)
-        | Op::StrayData(i)
-        | Op::Gone(i)
-        | Op::DestEof(i)
-        | Op::AgentSignal(i, _)
-        | Op::ServerSignal(i, _) => i,
-        Op::Dial(..) | Op::Connect(..) | Op::Drain | Op::TunnelGone | Op::Wait(_) => 0,
-    }
 }
 
 fn dial_random(fid: FrontendId) -> i64 {
