@@ -229,6 +229,19 @@ impl FlowRx {
         withheld
     }
 
+    /// The flow's own invariant: it has a stuck clock exactly while its
+    /// queue is non-empty. For invariant checks.
+    #[doc(hidden)]
+    pub fn check(&self) -> Result<(), String> {
+        if self.since.is_some() != (self.queued > 0) {
+            return Err(format!(
+                "queue of {} bytes with stuck clock {:?}",
+                self.queued, self.since
+            ));
+        }
+        Ok(())
+    }
+
     fn grow(&mut self, n: usize, now: Instant) {
         if n == 0 {
             return;

@@ -20,6 +20,9 @@
 //!   (the proxy strategies).
 //! - [`agent`]: proxy-agent's per-tunnel state machine and the server set
 //!   it keeps tunnels to.
+//! - `sim` (feature `sim`): the in-memory harness that drives the router
+//!   and the tunnel against each other on a simulated clock and checks
+//!   their invariants after every step (for tests and fuzz targets).
 //!
 //! A protocol path never panics on any input: the crate denies `unwrap`,
 //! `expect`, indexing and `panic!` outside tests, and its decoders and
@@ -42,6 +45,8 @@ pub mod flow;
 pub mod grpc;
 pub mod h2;
 pub mod server;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 
 pub use error::Error;
 

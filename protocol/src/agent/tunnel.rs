@@ -609,6 +609,8 @@ impl Tunnel {
     }
 }
 
+mod invariants;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -511,6 +511,9 @@ impl Grpc {
                     break;
                 }
                 Err(e) => {
+                    // Nothing of this frame from the bad message on reaches
+                    // the application: its credit goes back now.
+                    self.conn.release_capacity(id, before);
                     let status = e.grpc_status();
                     self.fail_call(id, status, e.to_string());
                     return;
@@ -679,5 +682,6 @@ fn status_from_reset(reason: Reason) -> GrpcStatus {
     }
 }
 
+mod invariants;
 #[cfg(test)]
 mod tests;

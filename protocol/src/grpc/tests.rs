@@ -436,3 +436,33 @@ fn framed_is_the_received_prefix_and_message() {
         "reassembled messages have no framed slice"
     );
 }
+
+// ----- found by the stateful fuzz target (fuzz/fuzz_targets/grpc_conn.rs) --
+
+/// A message the deframer rejects (here: larger than the limit, announced
+/// by its prefix) fails the call, and the credit of the frame it came in —
+/// from the bad prefix on — goes back to the peer. Before the fix those
+/// bytes were neither handed out nor released: every such call leaked
+/// connection-level credit.
+#[test]
+fn a_rejected_message_returns_the_credit_of_its_frame() {
+    let mut p = Pair::with(Config::new(Role::Client), Config::new(Role::Server), 1024);
+    let id = p.start("/AgentService/Connect");
+    p.drive();
+    // One frame: a good message, then a prefix announcing 1 MiB.
+    let mut framed = BytesMut::new();
+    wire::encode_prefix(100, &mut framed);
+    framed.put_slice(&[1; 100]);
+    wire::encode_prefix(1 << 20, &mut framed);
+    framed.put_slice(&[2; 30]);
+    p.client.send_framed(id, framed.freeze()).unwrap();
+    p.drive();
+    assert_eq!(
+        finished(&p.server_events).map(|f| f.0),
+        Some(GrpcStatus::RESOURCE_EXHAUSTED)
+    );
+    assert_eq!(messages(&p.server_events).len(), 1, "the good message");
+    // `drive` released the good message's credit: nothing is owed.
+    assert_eq!(p.server.unreleased_credit(), 0);
+    assert_eq!(p.server.check_invariants(), Ok(()));
+}

@@ -22,6 +22,8 @@ use super::{Config, Event, Role};
 use crate::Error;
 
 mod input;
+// `Connection::check_invariants` (for the fuzz targets and the sim).
+mod invariants;
 mod output;
 mod streams;
 
@@ -415,7 +417,7 @@ impl Connection {
             && s.recv_open()
             && let Some(inc) = s.recv.release(n)
         {
-            self.control.push_back(Control::WindowUpdate { id, inc });
+            self.push_control(Control::WindowUpdate { id, inc });
         }
     }
 
@@ -591,8 +593,14 @@ impl Connection {
 
     // ----- helpers --------------------------------------------------------
 
+    /// Queue a control frame. After a connection error only the GOAWAY
+    /// that reports it goes out (queued by [`Connection::fail`]): whatever
+    /// the application still does (return credit, reset streams) is not
+    /// written.
     fn push_control(&mut self, c: Control) {
-        self.control.push_back(c);
+        if self.error.is_none() {
+            self.control.push_back(c);
+        }
     }
 
     fn mark_ready(&mut self, id: u32) {

@@ -108,6 +108,18 @@ impl RecvWindow {
     pub(crate) fn target(&self) -> u32 {
         u32::try_from(self.target).unwrap_or(u32::MAX)
     }
+
+    /// Bytes the peer may still send (invariant checks).
+    pub(crate) fn available(&self) -> i64 {
+        self.available
+    }
+
+    /// Credit the peer used that the application has not released yet:
+    /// what the window is short of its target once everything released is
+    /// announced (invariant checks).
+    pub(crate) fn unreleased(&self) -> i64 {
+        self.target - self.available - self.unannounced
+    }
 }
 
 /// The peer's credit for our sending on one stream or the connection.
@@ -128,6 +140,11 @@ impl SendWindow {
     /// We sent `n` bytes.
     pub(crate) fn spend(&mut self, n: usize) {
         self.0 -= i64::try_from(n).unwrap_or(i64::MAX);
+    }
+
+    /// The window as a signed number (invariant checks).
+    pub(crate) fn value(self) -> i64 {
+        self.0
     }
 
     /// WINDOW_UPDATE from the peer. `Err` when the window would exceed 2^31−1.

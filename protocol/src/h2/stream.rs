@@ -196,6 +196,11 @@ impl ClosedRing {
         self.ids.push_back((id, how));
     }
 
+    /// Ids remembered.
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
     pub(crate) fn get(&self, id: u32) -> Option<Closed> {
         self.ids
             .iter()

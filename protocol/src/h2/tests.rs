@@ -1095,3 +1095,41 @@ fn padding_credit_is_returned() {
         "padding must not exhaust the windows"
     );
 }
+
+// ----- found by the stateful fuzz target (fuzz/fuzz_targets/h2_conn.rs) ----
+
+/// After a connection error only its GOAWAY is written: credit the
+/// application returns and streams it resets afterwards put nothing on the
+/// wire, and one flush closes the connection (before the fix, a
+/// WINDOW_UPDATE followed the GOAWAY and kept `is_closed` false).
+#[test]
+fn nothing_follows_the_goaway_of_a_failed_connection() {
+    let mut r = Raw::server(server_cfg());
+    r.open(1, false).unwrap();
+    let block = r.block(&[("x", "y")]);
+    let _ = r.written();
+    // The client sends DATA, the server fails the connection.
+    r.frame(Frame::Data {
+        stream_id: 1,
+        end_stream: false,
+        data: &[7; 1000],
+        pad_len: None,
+    })
+    .unwrap();
+    let _ = r.frame(Frame::PushPromise {
+        stream_id: 1,
+        end_headers: true,
+        promised_id: 2,
+        pad_len: None,
+        fragment: &block,
+    });
+    assert!(r.conn.error().is_some());
+    r.conn.release_capacity(1, 1_000_000);
+    r.conn.reset_stream(1, Reason::CANCEL);
+    r.conn.release_stream(1);
+    r.conn.poll_transmit(r.now, &mut r.out, usize::MAX);
+    let written: Vec<u8> = r.written().into_iter().map(|(t, ..)| t).collect();
+    assert_eq!(written, [7], "only the GOAWAY");
+    assert!(r.conn.is_closed());
+    assert_eq!(r.conn.check_invariants(), Ok(()));
+}

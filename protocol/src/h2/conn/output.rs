@@ -168,7 +168,7 @@ impl Connection {
             if s.state == State::HalfClosedLocal && s.remote_initiated && !s.app_held {
                 // Released by the application: the peer's side is not
                 // needed any more.
-                self.control.push_back(Control::Rst {
+                self.push_control(Control::Rst {
                     id,
                     reason: Reason::NO_ERROR,
                 });

@@ -303,7 +303,7 @@ impl Connection {
         if let Some(bdp) = &mut self.bdp
             && bdp.on_data(now, flow as usize)
         {
-            self.control.push_back(Control::Ping {
+            self.push_control(Control::Ping {
                 ack: false,
                 payload: BDP_PING,
             });

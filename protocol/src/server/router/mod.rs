@@ -610,5 +610,6 @@ pub use responses::{dial_error_response, dial_error_status};
 use reverse::ReverseState;
 pub use reverse::{REVERSE_REFUSED, ReverseConfig, ReverseRefusal};
 
+mod invariants;
 #[cfg(test)]
 mod tests;
