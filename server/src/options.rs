@@ -198,6 +198,14 @@ pub struct ServerFlags {
     pub backend_dial_timeout: GoDuration,
     /// `--warn-on-channel-limit` (hidden, deprecated, no effect).
     pub warn_on_channel_limit: bool,
+    /// `--allowed-destination` (konn: KEP-2025).
+    pub allowed_destination: Vec<String>,
+    /// `--reverse-max-per-agent` (konn: KEP-2025).
+    pub reverse_max_per_agent: i64,
+    /// `--reverse-dial-rate` (konn: KEP-2025).
+    pub reverse_dial_rate: i64,
+    /// `--reverse-dial-timeout` (konn: KEP-2025).
+    pub reverse_dial_timeout: GoDuration,
 }
 
 impl ServerFlags {
@@ -246,6 +254,10 @@ impl ServerFlags {
             graceful_shutdown_timeout: GoDuration::ZERO,
             backend_dial_timeout: GoDuration::ZERO,
             warn_on_channel_limit: true,
+            allowed_destination: Vec::new(),
+            reverse_max_per_agent: 256,
+            reverse_dial_rate: 100,
+            reverse_dial_timeout: GoDuration::from_secs(10),
         }
     }
 
@@ -461,6 +473,39 @@ impl ServerFlags {
             "No effect.",
         )
         .deprecate(WARN_ON_CHANNEL_LIMIT_DEPRECATION);
+        // konn's own (KEP-2025), in konn's --help section.
+        let previous = f.section();
+        f.set_section(konn_core::cli::Section::Konn);
+        let allowed: Vec<&str> = self
+            .allowed_destination
+            .iter()
+            .map(String::as_str)
+            .collect();
+        f.add_string_slice(
+            "allowed-destination",
+            &allowed,
+            "konn: a control-plane destination host:port that agents may reach from the node network \
+             (KEP-2025, proxy-agent --target). Agents must spell it exactly so; the server dials what \
+             is configured here, never the agent's text. Repeatable. Empty: every reverse dial is \
+             refused.",
+        );
+        f.add_int(
+            "reverse-max-per-agent",
+            self.reverse_max_per_agent,
+            "konn: reverse dials in flight plus reverse connections open, per agent tunnel.",
+        );
+        f.add_int(
+            "reverse-dial-rate",
+            self.reverse_dial_rate,
+            "konn: new reverse dials per second per agent tunnel (also the burst an idle agent may \
+             start at once).",
+        );
+        f.add_duration(
+            "reverse-dial-timeout",
+            self.reverse_dial_timeout,
+            "konn: bound on resolving and connecting one --allowed-destination.",
+        );
+        f.set_section(previous);
     }
 
     /// Reads the values registered by [`register`](Self::register).
@@ -506,6 +551,10 @@ impl ServerFlags {
             graceful_shutdown_timeout: f.get_duration("graceful-shutdown-timeout"),
             backend_dial_timeout: f.get_duration("backend-dial-timeout"),
             warn_on_channel_limit: f.get_bool("warn-on-channel-limit"),
+            allowed_destination: f.get_string_slice("allowed-destination"),
+            reverse_max_per_agent: f.get_int("reverse-max-per-agent"),
+            reverse_dial_rate: f.get_int("reverse-dial-rate"),
+            reverse_dial_timeout: f.get_duration("reverse-dial-timeout"),
         }
     }
 
@@ -710,9 +759,87 @@ impl ServerFlags {
             } else {
                 backend_dial_timeout
             },
+            reverse: self.reverse()?,
             engine,
             warnings,
         })
+    }
+
+    /// The KEP-2025 flags, checked: every `--allowed-destination` parses
+    /// (`ReverseSettings::parse`), limits are positive.
+    fn reverse(&self) -> Result<ReverseOptions, Error> {
+        let positive = |flag: &str, v: i64| {
+            usize::try_from(v)
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| Error::Reverse(format!("--{flag}={v}: must be at least 1")))
+        };
+        let max_per_agent = positive("reverse-max-per-agent", self.reverse_max_per_agent)?;
+        let dial_rate = positive("reverse-dial-rate", self.reverse_dial_rate)?;
+        let dial_timeout = self
+            .reverse_dial_timeout
+            .to_std()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                Error::Reverse(format!(
+                    "--reverse-dial-timeout={}: must be positive",
+                    self.reverse_dial_timeout
+                ))
+            })?;
+        let opts = ReverseOptions {
+            allowed_destination: self.allowed_destination.clone(),
+            max_per_agent,
+            dial_rate,
+            dial_timeout,
+        };
+        opts.settings()?;
+        Ok(opts)
+    }
+}
+
+/// The KEP-2025 options (`--allowed-destination`, `--reverse-*`),
+/// validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReverseOptions {
+    /// `--allowed-destination`, as given (each parses).
+    pub allowed_destination: Vec<String>,
+    /// `--reverse-max-per-agent` (≥ 1).
+    pub max_per_agent: usize,
+    /// `--reverse-dial-rate`, per second (≥ 1; also the burst).
+    pub dial_rate: usize,
+    /// `--reverse-dial-timeout` (> 0).
+    pub dial_timeout: Duration,
+}
+
+impl ReverseOptions {
+    /// The run-time settings and the router's part of them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Reverse`] naming an `--allowed-destination` that does not
+    /// parse.
+    pub fn settings(
+        &self,
+    ) -> Result<
+        (
+            crate::settings::ReverseSettings,
+            konn_protocol::server::router::ReverseConfig,
+        ),
+        Error,
+    > {
+        let mut router = konn_protocol::server::router::ReverseConfig {
+            max_per_agent: self.max_per_agent,
+            dials_per_second: self.dial_rate as f64,
+            burst: u32::try_from(self.dial_rate).unwrap_or(u32::MAX),
+            ..Default::default()
+        };
+        let settings = crate::settings::ReverseSettings::parse(
+            &self.allowed_destination,
+            self.dial_timeout,
+            &mut router,
+        )
+        .map_err(Error::Reverse)?;
+        Ok((settings, router))
     }
 }
 
@@ -866,6 +993,8 @@ pub struct ServerOptions {
     /// unlimited: `--backend-dial-timeout=0` gives
     /// [`DEFAULT_BACKEND_DIAL_TIMEOUT`].
     pub backend_dial_timeout: Duration,
+    /// KEP-2025: what agents may reach in the control plane.
+    pub reverse: ReverseOptions,
     /// konn's engine flags.
     pub engine: EngineFlags,
     /// Things accepted with a caveat; the binary logs each as a warning.

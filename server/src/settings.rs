@@ -251,6 +251,8 @@ impl ServerSettings {
 
         use crate::options::{Frontend, Mode as OptMode, ProxyStrategy};
 
+        let (reverse, reverse_router) = o.reverse.settings()?;
+
         let tls = |cert: &Option<PathBuf>,
                    key: &Option<PathBuf>,
                    ca: Option<&PathBuf>,
@@ -336,6 +338,7 @@ impl ServerSettings {
             router: RouterConfig {
                 core: 0,
                 dial_timeout: o.backend_dial_timeout,
+                reverse: reverse_router,
                 flow: FlowLimits::from_queue_size(
                     e.conn_queue_size,
                     e.stuck_timeout.unwrap_or(NEVER),
@@ -364,10 +367,7 @@ impl ServerSettings {
                 "admin-bind-address",
             )?),
             enable_profiling: o.enable_profiling,
-            reverse: ReverseSettings {
-                destinations: Vec::new(),
-                dial_timeout: Duration::from_secs(10),
-            },
+            reverse,
             kubernetes: crate::kube::Kubernetes::from_options(o),
         })
     }

@@ -82,6 +82,7 @@ const UPSTREAM: &[(&str, &str, &str, bool)] = &[
 
 /// konn's own flags and their defaults.
 const KONN: &[(&str, &str, &str)] = &[
+    ("allowed-destination", "stringSlice", "[]"),
     ("conn-queue-size", "size", "1Mi"),
     ("grpc-max-message-size", "size", "4Mi"),
     ("h2-conn-window", "size", "4Mi"),
@@ -90,6 +91,9 @@ const KONN: &[(&str, &str, &str)] = &[
     ("io-engine", "string", "epoll"),
     ("memory-budget", "size", "512Mi"),
     ("pin-cores", "bool", "false"),
+    ("reverse-dial-rate", "int", "100"),
+    ("reverse-dial-timeout", "duration", "10s"),
+    ("reverse-max-per-agent", "int", "256"),
     ("stuck-timeout", "duration", "2m0s"),
     ("workers", "int", "0"),
     ("write-timeout", "duration", "1m0s"),

@@ -581,6 +581,44 @@ fn backend_dial_timeout_is_always_bounded() {
 }
 
 #[test]
+fn reverse_flags() {
+    let ca = TempFile::new("ca");
+    let o = tcp(&ca, &[]).unwrap();
+    assert!(o.reverse.allowed_destination.is_empty());
+    assert_eq!((o.reverse.max_per_agent, o.reverse.dial_rate), (256, 100));
+    let o = tcp(
+        &ca,
+        &[
+            "--allowed-destination=10.0.0.10:6443",
+            "--allowed-destination=kubernetes.default.svc:443,[fd00::1]:6443",
+            "--reverse-max-per-agent=3",
+            "--reverse-dial-rate=7",
+            "--reverse-dial-timeout=2s",
+        ],
+    )
+    .unwrap();
+    let (settings, router) = o.reverse.settings().unwrap();
+    assert_eq!(settings.destinations.len(), 3);
+    assert_eq!(settings.dial_timeout, Duration::from_secs(2));
+    assert_eq!(router.allowed.get("kubernetes.default.svc:443"), Some(&1));
+    assert_eq!((router.max_per_agent, router.burst), (3, 7));
+    // Each bad entry is named with its problem; nothing starts.
+    for (bad, says) in [
+        ("--allowed-destination=10.0.0.10", "10.0.0.10"),
+        ("--allowed-destination=0.0.0.0:6443", "unspecified"),
+        ("--allowed-destination=10.0.0.10:0", "10.0.0.10:0"),
+        ("--allowed-destination=kube..local:443", "kube..local:443"),
+        ("--reverse-max-per-agent=0", "--reverse-max-per-agent=0"),
+        ("--reverse-dial-rate=-1", "--reverse-dial-rate=-1"),
+        ("--reverse-dial-timeout=0s", "--reverse-dial-timeout"),
+    ] {
+        let e = err(tcp(&ca, &[bad]));
+        assert!(matches!(e, Error::Reverse(_)), "{bad}: {e}");
+        assert!(e.to_string().contains(says), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn server_identity_and_count() {
     let ca = TempFile::new("ca");
     let o = tcp(&ca, &["--server-id=s1", "--server-count=3"]).unwrap();
