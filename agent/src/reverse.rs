@@ -80,6 +80,13 @@ impl ReverseSettings {
                     .map_err(|_| format!("--bind-address={bind_address:?}: not an IP address"))?,
             )
         };
+        if let Some(ip) = bind_address
+            && (ip.is_unspecified() || ip.is_multicast())
+        {
+            return Err(format!(
+                "--bind-address={ip}: the --target listeners must be node-local; an unspecified or multicast address would open them to the node network"
+            ));
+        }
         if !targets.is_empty() && bind_address.is_none() {
             return Err(
                 "--target needs --bind-address: the node-local address to listen on (the address kube-apiserver advertises)"
@@ -195,6 +202,10 @@ mod tests {
             )
             .is_err()
         );
+        for open in ["0.0.0.0", "::", "224.0.0.1"] {
+            let e = ReverseSettings::parse(&t(&["6443:10.0.0.10:6443"]), open).unwrap_err();
+            assert!(e.contains("node-local"), "{open}: {e}");
+        }
         let s = ReverseSettings::parse(&t(&["6443:10.0.0.10:6443"]), "169.254.1.1").unwrap();
         assert!(s.enabled());
         assert_eq!(s.bind_address, Some("169.254.1.1".parse().unwrap()));

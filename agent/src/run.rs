@@ -553,6 +553,8 @@ impl Worker {
     /// with none here, it moves (`may_move`) to a worker that has one; with
     /// none anywhere it is closed and counted.
     fn reverse_accept(&self, sock: monoio::net::TcpStream, target: usize, may_move: bool) {
+        // Small requests (kubelet's, a watch's) must not wait for Nagle.
+        let _ = sock.set_nodelay(true);
         let Some(dest) = self.inner.settings.reverse.targets.get(target) else {
             return;
         };
@@ -611,12 +613,26 @@ impl Worker {
         // Whether this tunnel counts in `reverse_tunnels` (until it ends).
         let reverse = Rc::new(Cell::new(false));
         let (flag, shared, index) = (reverse.clone(), self.inner.shared.clone(), self.index);
+        let wants_reverse = !self.inner.settings.reverse.targets.is_empty();
         let report = Box::new(move |event: TunnelEvent| {
             if let TunnelEvent::Connected { reverse: true, .. } = &event
                 && !flag.replace(true)
                 && let Some(n) = shared.reverse_tunnels.get(index)
             {
                 n.fetch_add(1, Ordering::AcqRel);
+            }
+            if let TunnelEvent::Connected {
+                reverse: false,
+                server_id,
+                ..
+            } = &event
+                && wants_reverse
+            {
+                tracing::warn!(
+                    server_id = %server_id,
+                    "this proxy-server does not offer konn's node-to-control-plane direction (KEP-2025, \
+                     no konn-reverse answer): --target connections never use this tunnel"
+                );
             }
             let report = match event {
                 TunnelEvent::Connected {

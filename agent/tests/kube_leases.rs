@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use konn_testkit::kube::{Cluster, require_or_skip};
 use konn_testkit::ports::free_port;
-use konn_testkit::procs::{Proc, binary, http_get, wait_http_ok};
+use konn_testkit::procs::{Proc, binary, http_get, upstream_binary, wait_http_ok};
 use konn_testkit::relay::LoadBalancer;
 
 struct Server {
@@ -131,14 +131,6 @@ fn agent(
     (p, health)
 }
 
-fn upstream(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let p = dir.join("interop/upstream").join(name);
-    p.is_file().then_some(p)
-}
-
 #[test]
 fn agents_count_server_leases_on_a_real_kube_apiserver() {
     let Some(bins) = require_or_skip("kube_leases") else {
@@ -221,7 +213,7 @@ fn agents_count_server_leases_on_a_real_kube_apiserver() {
     drop(a);
 
     // Upstream's agent against konn's servers.
-    if let Some(bin) = upstream("proxy-agent") {
+    if let Some(bin) = upstream_binary("proxy-agent") {
         let (u, uh) = agent(&bin, "upstream-agent", lb.addr(), dir, &pki, &kc);
         assert!(
             eventually(Duration::from_secs(30), || gauge(
@@ -241,7 +233,7 @@ fn agents_count_server_leases_on_a_real_kube_apiserver() {
     drop(lb);
 
     // konn's agent against upstream's servers (their leases).
-    if let Some(bin) = upstream("proxy-server") {
+    if let Some(bin) = upstream_binary("proxy-server") {
         let ups: Vec<Server> = ["u1", "u2", "u3"]
             .iter()
             .map(|id| Server::start(&bin, id, dir, &pki, &kc))

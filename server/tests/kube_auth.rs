@@ -22,7 +22,7 @@ use konn_core::io::tls::{ClientTls, ClientTlsOptions, PemSource};
 use konn_testkit::agentprobe::{ProbeResult, connect_call};
 use konn_testkit::kube::{ALICE_TOKEN, Cluster, NODE_TOKEN, require_or_skip};
 use konn_testkit::ports::free_port;
-use konn_testkit::procs::{Proc, binary, http_get, wait_http_ok};
+use konn_testkit::procs::{Proc, binary, http_get, upstream_binary, wait_http_ok};
 
 const AUD: &str = "system:konnectivity-server";
 const NS: &str = "kube-system";
@@ -33,14 +33,6 @@ struct Server {
     agent_port: u16,
     health: std::net::SocketAddr,
     uds: PathBuf,
-}
-
-fn upstream_server() -> Option<PathBuf> {
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let p = dir.join("interop/upstream/proxy-server");
-    p.is_file().then_some(p)
 }
 
 fn start_server(
@@ -164,8 +156,8 @@ fn tokens_against_a_real_kube_apiserver_konn_and_upstream() {
         &pki,
         &cluster.kubeconfig,
     );
-    let upstream =
-        upstream_server().map(|b| start_server(&b, "upstream", dir, &pki, &cluster.kubeconfig));
+    let upstream = upstream_binary("proxy-server")
+        .map(|b| start_server(&b, "upstream", dir, &pki, &cluster.kubeconfig));
     if upstream.is_none() {
         eprintln!(
             "kube_auth: upstream's proxy-server not built (target/interop/upstream); konn only"

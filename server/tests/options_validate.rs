@@ -602,17 +602,21 @@ fn reverse_flags() {
     assert_eq!(settings.dial_timeout, Duration::from_secs(2));
     assert_eq!(router.allowed.get("kubernetes.default.svc:443"), Some(&1));
     assert_eq!((router.max_per_agent, router.burst), (3, 7));
+    let long_name = format!("--allowed-destination={}example:443", "a.".repeat(124));
+    let long_label = format!("--allowed-destination={}.example:443", "a".repeat(64));
     // Each bad entry is named with its problem; nothing starts.
     for (bad, says) in [
         ("--allowed-destination=10.0.0.10", "10.0.0.10"),
         ("--allowed-destination=0.0.0.0:6443", "unspecified"),
         ("--allowed-destination=10.0.0.10:0", "10.0.0.10:0"),
         ("--allowed-destination=kube..local:443", "kube..local:443"),
+        (&long_name, "longer than 253 bytes"),
+        (&long_label, "1-63 bytes"),
         ("--reverse-max-per-agent=0", "--reverse-max-per-agent=0"),
         ("--reverse-dial-rate=-1", "--reverse-dial-rate=-1"),
         ("--reverse-dial-timeout=0s", "--reverse-dial-timeout"),
     ] {
-        let e = err(tcp(&ca, &[bad]));
+        let e = err(tcp(&ca, &[bad.as_ref()]));
         assert!(matches!(e, Error::Reverse(_)), "{bad}: {e}");
         assert!(e.to_string().contains(says), "{bad}: {e}");
     }

@@ -5,8 +5,8 @@
 //! allow-list; and every entry of reliability-security.md §4.5's bypass
 //! corpus that an agent can put on the wire is refused by the real server
 //! with the one generic answer, while the allowed destination works.
-//! (The corpus's DNS cases need a resolver of their own: see
-//! `interop/kube`'s reverse suite.)
+//! (The corpus's DNS cases need a resolver of their own:
+//! `reverse_dns.rs`.)
 
 mod e2e_common;
 

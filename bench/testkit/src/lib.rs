@@ -25,6 +25,8 @@
 //! - [`fakekube`]: a fake kube-apiserver answering TokenReviews.
 //! - [`kube`]: a real etcd + kube-apiserver (`target/kube/`) for the
 //!   token and lease suites.
+//! - [`netns`]: network namespaces of a test's own (`ip netns`, `setns`).
+//! - [`dns`]: a tiny DNS server whose answers can change per query.
 //! - [`engine_flag`]: the io engine setting that runs a test on an engine.
 
 pub mod agentprobe;
@@ -32,12 +34,14 @@ pub mod alloc;
 pub mod bulk;
 pub mod connect;
 pub mod dest;
+pub mod dns;
 pub mod error;
 pub mod fakekube;
 pub mod fds;
 pub mod files;
 pub mod frontend;
 pub mod kube;
+pub mod netns;
 pub mod pki;
 pub mod ports;
 pub mod procs;
