@@ -6,6 +6,7 @@
 //!                    [--engines io-uring,epoll] [--idle N] [--only S1,S3,…]
 //!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--no-pin]
 //! konn-bench idle [--connections N] [--impl NAME=DIR]...
+//! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 //! ```
 //!
 //! - `compare`: the side-by-side run of docs/BENCHMARKS.md: S1–S8 for the
@@ -25,6 +26,10 @@
 //!   `--impl NAME=DIR` runs the scenario for the binaries in DIR (both named
 //!   `proxy-server` and `proxy-agent`); the default is konn's binaries next
 //!   to this executable.
+//! - `reverse` (S9): KEP-2025's node-to-control-plane direction against the
+//!   direct baseline and the forward direction on one konn topology
+//!   (`konn_bench::harness::reverse`); prints a markdown table. `--quick`
+//!   shortens the windows and runs one repetition.
 
 // A measuring tool: it reads the clock.
 #![allow(clippy::disallowed_methods)]
@@ -47,8 +52,9 @@ fn main() -> Result<()> {
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
         Some("compare") => compare_main(it),
+        Some("reverse") => reverse_main(it),
         Some("idle") | None => idle_main(it),
-        Some(other) => bail!("unknown subcommand {other:?} (compare, idle)"),
+        Some(other) => bail!("unknown subcommand {other:?} (compare, idle, reverse)"),
     }
 }
 
@@ -78,6 +84,66 @@ fn konn_bins(name: &str, dir: &Path, engine: Option<&str>) -> Binaries {
     b.server_flags = flags.clone();
     b.agent_flags = flags;
     b
+}
+
+fn reverse_main(mut it: impl Iterator<Item = String>) -> Result<()> {
+    let (mut quick, mut reps, mut konn, mut no_pin) = (false, None, None, false);
+    while let Some(a) = it.next() {
+        let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--no-pin" => no_pin = true,
+            "--reps" => reps = Some(val("a number")?.parse()?),
+            "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    let konn_dir = match konn {
+        Some(d) => d,
+        None => procs::bin_dir().context("konn's binaries not found; pass --konn DIR")?,
+    };
+    let bins = konn_bins("konn", &konn_dir, None);
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let pin = cpus >= 2 && !no_pin;
+    procs::raise_nofile(65_536);
+    if pin {
+        procs::pin_current_thread(&[0]).context("pinning the load generator")?;
+    }
+    let work = WorkDir::new("reverse")?;
+    let certs = pki::write(&work.0)?;
+    let window = if quick {
+        konn_bench::harness::scenarios::Window {
+            warm: Duration::from_millis(300),
+            secs: Duration::from_millis(1500),
+        }
+    } else {
+        konn_bench::harness::scenarios::Window {
+            warm: Duration::from_millis(500),
+            secs: Duration::from_secs(3),
+        }
+    };
+    let reps = reps.unwrap_or(if quick { 1 } else { 3 });
+    eprintln!(
+        "konn-bench reverse: {reps} repetition(s), {}",
+        if pin {
+            "load generator on CPU 0, proxies on CPU 1 (one worker each)"
+        } else {
+            "unpinned"
+        }
+    );
+    let results = block_on(
+        Engine::Epoll,
+        konn_bench::harness::reverse::run(
+            &bins,
+            &work.0,
+            &certs,
+            reps,
+            window,
+            pin.then_some(&[1usize][..]),
+        ),
+    )??;
+    println!("{}", results.markdown());
+    Ok(())
 }
 
 fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {

@@ -2,11 +2,14 @@
 //! destination: directly over TCP (the no-proxy baseline), through a
 //! gRPC tunnel (one HTTP/2 connection per dial over the server's Unix
 //! socket, as kube-apiserver's `CreateSingleUseGrpcTunnelWithContext`),
-//! or through HTTP CONNECT over the Unix socket. Payloads are counted, not
-//! kept.
+//! through HTTP CONNECT over the Unix socket, or the other way round
+//! through a konn agent's KEP-2025 `--target` listeners (S9). Payloads are
+//! counted, not kept.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,6 +29,9 @@ pub enum Route {
     Grpc(PathBuf),
     /// HTTP CONNECT frontend on this Unix socket.
     Connect(PathBuf),
+    /// The reverse direction (KEP-2025): plain TCP to the agent's
+    /// `--target` listener for each destination (destination → listener).
+    Reverse(Rc<HashMap<SocketAddr, SocketAddr>>),
 }
 
 /// Socket read size of direct connections.
@@ -50,8 +56,14 @@ impl Conn {
     /// `timeout` for the dial.
     pub async fn open(route: &Route, dest: SocketAddr, timeout: Duration) -> Result<Self, Error> {
         match route {
-            Route::Direct => {
-                let s = monoio::time::timeout(timeout, TcpStream::connect(dest))
+            Route::Direct | Route::Reverse(_) => {
+                let to = match route {
+                    Route::Reverse(listeners) => *listeners
+                        .get(&dest)
+                        .ok_or_else(|| Error::Closed(format!("no --target listener for {dest}")))?,
+                    _ => dest,
+                };
+                let s = monoio::time::timeout(timeout, TcpStream::connect(to))
                     .await
                     .map_err(|_| Error::Timeout("connect"))?
                     .map_err(io)?;

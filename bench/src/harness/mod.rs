@@ -7,6 +7,7 @@ pub mod compare;
 pub mod dests;
 pub mod load;
 pub mod report;
+pub mod reverse;
 pub mod scenarios;
 pub mod stats;
 

@@ -73,6 +73,13 @@ func table(s *suite) string {
 		}
 		b.WriteString("\n")
 	}
+	if len(reverseLines) > 0 {
+		b.WriteString("Node network → control plane (KEP-2025, konn only: `TestNodeToControlPlane`):\n\n")
+		for _, l := range reverseLines {
+			b.WriteString("- " + l + "\n")
+		}
+		b.WriteString("\n")
+	}
 	b.WriteString("Cases, in the order each run executes them:\n\n")
 	fmt.Fprintf(&b, "- `%s`: %s.\n", rowSetup, "start proxy-server (control plane) and proxy-agent (node network), wait until the agent is connected, record both processes' open file descriptors, start kube-apiserver with an EgressSelectorConfiguration for this transport, create the Nodes, Pods, Services, EndpointSlices, webhook configuration and APIService, and wait until the APIService is Available (its availability check already goes through the tunnel)")
 	for _, c := range cases {

@@ -88,6 +88,8 @@ type APIServerOptions struct {
 	EtcdPrefix string
 	// EgressConfig is the EgressSelectorConfiguration file ("" = none).
 	EgressConfig string
+	// Port is the secure port (0: a free one).
+	Port int
 }
 
 // StartAPIServer starts kube-apiserver in the control plane namespace and
@@ -100,9 +102,11 @@ func StartAPIServer(c Cleaner, e *Env, dir string, etcd *Etcd, o APIServerOption
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	port, err := e.Topo.CP.FreePort("127.0.0.1")
-	if err != nil {
-		return nil, err
+	port := o.Port
+	if port == 0 {
+		if port, err = e.Topo.CP.FreePort("127.0.0.1"); err != nil {
+			return nil, err
+		}
 	}
 	pk := e.PKI
 	advertise := e.Topo.ServerAddr
@@ -205,25 +209,71 @@ func (a *APIServer) Get(path string) (int, string, error) {
 }
 
 func (a *APIServer) writeKubeconfig() error {
-	ca, err := os.ReadFile(a.env.PKI.CA)
+	kc, err := a.kubeconfig(fmt.Sprintf("https://127.0.0.1:%d", a.Port), "")
 	if err != nil {
 		return err
+	}
+	a.Kubeconfig = filepath.Join(a.Dir, "kubeconfig")
+	return os.WriteFile(a.Kubeconfig, []byte(kc), 0o600)
+}
+
+// NodeKubeconfig writes a kubeconfig for server (as seen from the node
+// network, e.g. a KEP-2025 listener of the proxy-agent), verifying the
+// serving certificate for serverName, and returns its path.
+func (a *APIServer) NodeKubeconfig(server, serverName string) (string, error) {
+	kc, err := a.kubeconfig(server, serverName)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(a.Dir, "kubeconfig-node")
+	return path, os.WriteFile(path, []byte(kc), 0o600)
+}
+
+// KubectlIn runs kubectl in ns with kubeconfig within d and returns stdout.
+func (a *APIServer) KubectlIn(ns *NS, kubeconfig string, d time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	full := append([]string{"--kubeconfig=" + kubeconfig, "--cache-dir=" + filepath.Join(a.Dir, "kubectl-cache-"+ns.Name)}, args...)
+	bin := filepath.Join(a.env.KubeBin, "kubectl")
+	cmd := exec.CommandContext(ctx, bin, full...)
+	if !ns.isHost() {
+		cmd = exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns.Name, bin}, full...)...)
+	}
+	cmd.Env = append(os.Environ(), "HOME="+a.Dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 5 * time.Second
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), &KubectlError{Args: args, Err: err, Stderr: errb.String()}
+	}
+	return out.String(), nil
+}
+
+func (a *APIServer) kubeconfig(server, serverName string) (string, error) {
+	ca, err := os.ReadFile(a.env.PKI.CA)
+	if err != nil {
+		return "", err
 	}
 	cert, err := os.ReadFile(a.env.PKI.Admin.Cert)
 	if err != nil {
-		return err
+		return "", err
 	}
 	key, err := os.ReadFile(a.env.PKI.Admin.Key)
 	if err != nil {
-		return err
+		return "", err
 	}
 	b64 := base64.StdEncoding.EncodeToString
-	kc := fmt.Sprintf(`apiVersion: v1
+	tlsName := ""
+	if serverName != "" {
+		tlsName = "\n    tls-server-name: " + serverName
+	}
+	return fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - name: konn-e2e
   cluster:
-    server: https://127.0.0.1:%d
+    server: %s%s
     certificate-authority-data: %s
 users:
 - name: admin
@@ -234,9 +284,7 @@ contexts:
 - name: konn-e2e
   context: {cluster: konn-e2e, user: admin, namespace: %s}
 current-context: konn-e2e
-`, a.Port, b64(ca), b64(cert), b64(key), Namespace)
-	a.Kubeconfig = filepath.Join(a.Dir, "kubeconfig")
-	return os.WriteFile(a.Kubeconfig, []byte(kc), 0o600)
+`, server, tlsName, b64(ca), b64(cert), b64(key), Namespace), nil
 }
 
 // KubectlCmd is a kubectl command in the control plane namespace, for

@@ -49,9 +49,15 @@ type Tunnel struct {
 	cp, node                  *http.Client
 }
 
+// TunnelExtra adds flags to a tunnel's processes (e.g. konn's KEP-2025
+// --target and --allowed-destination).
+type TunnelExtra struct {
+	ServerArgs, AgentArgs []string
+}
+
 // StartTunnel starts the server and the agent and waits until the agent
 // is connected (server /readyz and agent /readyz both ok).
-func StartTunnel(c Cleaner, e *Env, dir, impl string, tr Transport) (*Tunnel, error) {
+func StartTunnel(c Cleaner, e *Env, dir, impl string, tr Transport, extra ...TunnelExtra) (*Tunnel, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -111,6 +117,9 @@ func StartTunnel(c Cleaner, e *Env, dir, impl string, tr Transport) (*Tunnel, er
 		"--graceful-shutdown-timeout=5s",
 		"--v=2",
 	)
+	for _, x := range extra {
+		args = append(args, x.ServerArgs...)
+	}
 	if t.Server, err = Start(c, e.Topo.CP, impl+" proxy-server", srvBin, args, filepath.Join(dir, "proxy-server.log")); err != nil {
 		return nil, err
 	}
@@ -140,6 +149,9 @@ func StartTunnel(c Cleaner, e *Env, dir, impl string, tr Transport) (*Tunnel, er
 		"--admin-server-port=" + strconv.Itoa(agentAdmin),
 		"--sync-interval=1s", "--sync-interval-cap=5s", "--probe-interval=1s",
 		"--v=2",
+	}
+	for _, x := range extra {
+		agentArgs = append(agentArgs, x.AgentArgs...)
 	}
 	if t.Agent, err = Start(c, e.Topo.Node, impl+" proxy-agent", agentBin, agentArgs, filepath.Join(dir, "proxy-agent.log")); err != nil {
 		return nil, err
@@ -252,6 +264,20 @@ func (t *Tunnel) Snapshot() (Stats, error) {
 	s.AgentDials = am.sum(agentPrefix+"dial_duration_seconds_count", "")
 	s.AgentOpen = am.sum(agentPrefix+"open_endpoint_connections", "")
 	return s, nil
+}
+
+// Metric sums the samples of a metric (full name) of the server (or the
+// agent) whose labels contain every filter.
+func (t *Tunnel) Metric(server bool, name string, filters ...string) (float64, error) {
+	hc, port := t.node, t.AgentHealth
+	if server {
+		hc, port = t.cp, t.ServerHealth
+	}
+	m, err := t.scrape(hc, port)
+	if err != nil {
+		return 0, err
+	}
+	return m.sum(name, filters...), nil
 }
 
 // Sub is s - base for the counters.
