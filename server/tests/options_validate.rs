@@ -616,7 +616,7 @@ fn reverse_flags() {
         ("--reverse-dial-rate=-1", "--reverse-dial-rate=-1"),
         ("--reverse-dial-timeout=0s", "--reverse-dial-timeout"),
     ] {
-        let e = err(tcp(&ca, &[bad.as_ref()]));
+        let e = err(tcp(&ca, &[bad]));
         assert!(matches!(e, Error::Reverse(_)), "{bad}: {e}");
         assert!(e.to_string().contains(says), "{bad}: {e}");
     }
