@@ -23,6 +23,7 @@
 
 pub mod agents;
 pub mod auth;
+pub mod cluster;
 pub mod clusters;
 pub mod connect;
 pub mod error;

@@ -201,6 +201,35 @@ impl ServerSettings {
         }
     }
 
+    /// The one cluster of a server without `--clusters-config`: upstream's
+    /// server, from the flags (no name, no SNI selection).
+    pub fn implicit_cluster(&self) -> crate::clusters::config::ClusterSettings {
+        use crate::clusters::config::{AgentSpec, ClusterSettings, FrontendSpec};
+        ClusterSettings {
+            name: String::new(),
+            strategies: self.strategies.clone(),
+            router: self.router.clone(),
+            reverse: self.reverse.clone(),
+            frontend: FrontendSpec {
+                mode: self.mode,
+                listen: self.frontend.clone(),
+                delete_existing_uds: self.delete_existing_uds,
+                tls: self.frontend_tls.clone(),
+            },
+            agents: AgentSpec {
+                server_names: Vec::new(),
+                tls: self.agent_tls.clone(),
+                token: None,
+            },
+            fingerprint: 0,
+        }
+    }
+
+    /// Whether this server serves several clusters (`--clusters-config`).
+    pub fn multi_cluster(&self) -> bool {
+        self.clusters.is_some()
+    }
+
     /// HTTP/2 settings of the agent port: upstream's keepalive enforcement
     /// (MinTime 30 s, pings without streams allowed), server keepalive.
     pub fn agent_h2(&self) -> h2::Config {
@@ -409,7 +438,12 @@ impl ServerSettings {
                 agent_identity: a.cert.clone().zip(a.key.clone()),
                 tls_min_version: o.tls_min_version.go_name().to_owned(),
                 cipher_suites: o.cipher_suites.clone(),
-                kubeconfig: o.kube_client.kubeconfig.clone(),
+                kube: konn_core::kube::KubeSettings {
+                    kubeconfig: o.kube_client.kubeconfig.clone(),
+                    qps: o.kube_client.qps,
+                    burst: o.kube_client.burst,
+                    content_type: o.kube_client.content_type.clone(),
+                },
             };
             let initial = crate::clusters::config::load(path, &defaults)
                 .map_err(crate::Error::ClustersConfig)?;

@@ -101,8 +101,9 @@ pub struct ClusterDefaults {
     pub tls_min_version: String,
     /// `--cipher-suites`.
     pub cipher_suites: Vec<String>,
-    /// `--kubeconfig` (`None`: in-cluster).
-    pub kubeconfig: Option<PathBuf>,
+    /// The Kubernetes client of token reviews (`--kubeconfig` & co.; a
+    /// cluster's `token.kubeconfig` replaces the file).
+    pub kube: konn_core::kube::KubeSettings,
 }
 
 impl Default for ClusterDefaults {
@@ -116,7 +117,7 @@ impl Default for ClusterDefaults {
             agent_identity: None,
             tls_min_version: String::new(),
             cipher_suites: Vec::new(),
-            kubeconfig: None,
+            kube: konn_core::kube::KubeSettings::new(None),
         }
     }
 }
@@ -169,8 +170,9 @@ pub struct FrontendSpec {
 pub struct AgentSpec {
     /// SNI names that select this cluster (lower case).
     pub server_names: Vec<String>,
-    /// Serving certificate and client verification.
-    pub tls: ServerTls,
+    /// Serving certificate and client verification (`None` only for the
+    /// one cluster of a test server without TLS).
+    pub tls: Option<ServerTls>,
     /// Token review instead of client certificates.
     pub token: Option<TokenSpec>,
 }
@@ -731,7 +733,7 @@ impl Checker<'_> {
         };
         Ok(AgentSpec {
             server_names,
-            tls,
+            tls: Some(tls),
             token,
         })
     }

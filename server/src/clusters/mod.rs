@@ -7,6 +7,8 @@
 //!
 //! - [`config`]: the file, checked, as [`config::ClusterSettings`].
 //! - [`identity`]: client-certificate rules beyond a CA.
+//! - [`reload`]: the running clusters, their listeners, and reloads.
 
 pub mod config;
 pub mod identity;
+pub mod reload;
