@@ -153,6 +153,12 @@ impl ServerHandle {
         Ok(())
     }
 
+    /// Something any thread can send to, to reload now (SIGHUP), once
+    /// watching.
+    pub fn reload_poker(&self) -> Option<std::sync::mpsc::Sender<()>> {
+        self.watcher.as_ref().and_then(Watcher::poker)
+    }
+
     /// Reload now (SIGHUP), once watching.
     pub fn poke_reload(&self) {
         if let Some(w) = &self.watcher {

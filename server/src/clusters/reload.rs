@@ -466,6 +466,12 @@ impl Watcher {
         })
     }
 
+    /// A handle that asks for a reload from any thread (the SIGHUP
+    /// thread); `send` fails once the watcher stopped.
+    pub fn poker(&self) -> Option<mpsc::Sender<()>> {
+        self.poke.clone()
+    }
+
     /// Reload now (SIGHUP).
     pub fn poke(&self) {
         if let Some(p) = &self.poke {
