@@ -64,9 +64,11 @@ fn run(opts: &ServerOptions) -> anyhow::Result<()> {
         if let Some(poker) = server.reload_poker() {
             std::thread::Builder::new()
                 .name("sighup".into())
-                .spawn(move || {
-                    while signals::wait_reload_signal().is_ok() && poker.send(()).is_ok() {}
-                })
+                .spawn(
+                    move || {
+                        while signals::wait_reload_signal().is_ok() && poker.send(false).is_ok() {}
+                    },
+                )
                 .context("starting the SIGHUP thread")?;
         }
     }

@@ -153,9 +153,9 @@ impl ServerHandle {
         Ok(())
     }
 
-    /// Something any thread can send to, to reload now (SIGHUP), once
-    /// watching.
-    pub fn reload_poker(&self) -> Option<std::sync::mpsc::Sender<()>> {
+    /// Something any thread can send `false` to, to reload now (SIGHUP),
+    /// once watching.
+    pub fn reload_poker(&self) -> Option<std::sync::mpsc::Sender<bool>> {
         self.watcher.as_ref().and_then(Watcher::poker)
     }
 

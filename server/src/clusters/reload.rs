@@ -407,7 +407,8 @@ impl Control {
 /// Reloads on a poke or a file change, on its own thread (see the module
 /// docs).
 pub struct Watcher {
-    poke: Option<mpsc::Sender<()>>,
+    /// `false`: reload now; `true`: stop (others may hold senders).
+    poke: Option<mpsc::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<Control>>,
 }
 
@@ -431,7 +432,7 @@ impl Watcher {
     ///
     /// The thread cannot start.
     pub fn start(mut control: Control, interval: Duration) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel::<()>();
+        let (tx, rx) = mpsc::channel::<bool>();
         let thread = std::thread::Builder::new()
             .name("konn-clusters".into())
             .spawn(move || {
@@ -440,9 +441,9 @@ impl Watcher {
                 let mut contents = std::fs::read(&path).ok();
                 loop {
                     let poked = match rx.recv_timeout(interval) {
-                        Ok(()) => true,
+                        Ok(false) => true,
                         Err(mpsc::RecvTimeoutError::Timeout) => false,
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return control,
+                        Ok(true) | Err(mpsc::RecvTimeoutError::Disconnected) => return control,
                     };
                     let now = stamp(&path);
                     if !poked && now == seen {
@@ -467,30 +468,33 @@ impl Watcher {
     }
 
     /// A handle that asks for a reload from any thread (the SIGHUP
-    /// thread); `send` fails once the watcher stopped.
-    pub fn poker(&self) -> Option<mpsc::Sender<()>> {
+    /// thread): send `false`; `send` fails once the watcher stopped.
+    pub fn poker(&self) -> Option<mpsc::Sender<bool>> {
         self.poke.clone()
     }
 
     /// Reload now (SIGHUP).
     pub fn poke(&self) {
         if let Some(p) = &self.poke {
-            let _ = p.send(());
+            let _ = p.send(false);
         }
     }
 
     /// Stop watching; the [`Control`] comes back.
     pub fn stop(mut self) -> Option<Control> {
-        self.poke.take();
+        self.halt()
+    }
+
+    fn halt(&mut self) -> Option<Control> {
+        if let Some(p) = self.poke.take() {
+            let _ = p.send(true);
+        }
         self.thread.take().and_then(|t| t.join().ok())
     }
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        self.poke.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.halt();
     }
 }
