@@ -27,9 +27,10 @@ use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
 
 use crate::auth::{AuthResult, Verdicts};
+use crate::cluster::{Cluster, ClusterMsg};
 use crate::metrics::{Segment, ServiceMethod};
 use crate::serve::metric_strategy;
-use crate::worker::{BackendRef, Msg, Outbox, Worker, bump};
+use crate::worker::{BackendRef, Outbox, Worker, bump};
 use konn_core::kube::review::{Outcome, Source, Verdict};
 use konn_protocol::server::backends::{BackendId, Identifiers};
 
@@ -62,20 +63,21 @@ pub struct AgentConn {
     held: HashMap<u32, (u64, Registration)>,
     /// Verdicts delivered for held calls.
     verdicts: Rc<Verdicts>,
-    /// Other cores' inboxes, for backend announcements.
-    announce: Rc<dyn Fn(Msg)>,
+    /// The cluster this connection was admitted to (by SNI with
+    /// `--clusters-config`).
+    cluster: Rc<Cluster>,
 }
 
 impl AgentConn {
     /// A handler for one connection on the agent port.
-    pub fn new(worker: Rc<Worker>, outbox: Rc<Outbox>, announce: Rc<dyn Fn(Msg)>) -> Self {
+    pub fn new(worker: Rc<Worker>, cluster: Rc<Cluster>, outbox: Rc<Outbox>) -> Self {
         Self {
             worker,
             outbox,
             streams: HashMap::new(),
             held: HashMap::new(),
             verdicts: Rc::new(Verdicts::default()),
-            announce,
+            cluster,
         }
     }
 
@@ -131,7 +133,7 @@ impl AgentConn {
         // Token authentication (upstream: after the agent id and
         // identifiers, before the response headers): hold the call until
         // the verdict arrives (crate::auth).
-        if let Some(auth) = self.worker.auth.get() {
+        if let Some(auth) = &self.cluster.auth {
             let token = match crate::auth::bearer_token(metadata) {
                 Ok(t) => t,
                 Err((result, msg)) => {
@@ -175,7 +177,7 @@ impl AgentConn {
     }
 
     fn count_auth(&self, result: AuthResult, source: Option<Source>) {
-        self.worker
+        self.cluster
             .all_metrics
             .agent_auth(result.as_str(), crate::auth::source_label(source));
     }
@@ -229,15 +231,15 @@ impl AgentConn {
             return;
         }
         let bid = self.worker.next_id();
-        tracing::info!(agent_id = %agent_id, backend = bid, flow_control, "agent connected");
+        tracing::info!(agent_id = %agent_id, backend = bid, flow_control, cluster = self.cluster.name(), "agent connected");
         {
-            let mut router = self.worker.router.borrow_mut();
+            let mut router = self.cluster.router.borrow_mut();
             router.backend_connected(bid, agent_id, identifiers, self.worker.index);
             router.set_flow_control(bid, flow_control);
             router.set_reverse(bid, reverse);
         }
-        let entry = self.worker.router.borrow().directory().get(bid).cloned();
-        self.worker.backends.borrow_mut().insert(
+        let entry = self.cluster.router.borrow().directory().get(bid).cloned();
+        self.cluster.backends.borrow_mut().insert(
             bid,
             BackendRef {
                 outbox: self.outbox.clone(),
@@ -250,22 +252,24 @@ impl AgentConn {
         self.streams.insert(id, bid);
         bump(&self.worker.shared.connect_streams, true);
         bump(&self.worker.shared.backends, true);
-        self.worker
+        self.cluster
             .metrics
             .grpc_connections(ServiceMethod::Connect)
             .inc();
         self.publish_backends();
         if let Some(e) = entry {
             let load = std::sync::Arc::new(crate::worker::BackendLoad::default());
-            self.worker.loads.borrow_mut().insert(bid, load.clone());
-            (self.announce)(Msg::BackendUp(e, load));
+            self.cluster.loads.borrow_mut().insert(bid, load.clone());
+            self.cluster.announce(&self.worker, || {
+                ClusterMsg::BackendUp(e.clone(), load.clone())
+            });
         }
     }
 
     /// A held call's stream went away: drop the hold.
     fn unhold(&mut self, id: u32) {
         if let Some((hold, _)) = self.held.remove(&id)
-            && let Some(auth) = self.worker.auth.get()
+            && let Some(auth) = &self.cluster.auth
         {
             auth.forget(hold);
         }
@@ -275,35 +279,37 @@ impl AgentConn {
         let Some(bid) = self.streams.remove(&id) else {
             return;
         };
-        tracing::info!(backend = bid, "agent disconnected");
-        self.worker.router.borrow_mut().backend_gone(bid);
-        self.worker.backend_drained(bid); // give back any held credit
-        self.worker.backends.borrow_mut().remove(&bid);
-        self.worker.loads.borrow_mut().remove(&bid);
-        self.worker.apply();
-        bump(&self.worker.shared.connect_streams, false);
-        bump(&self.worker.shared.backends, false);
-        self.worker
-            .metrics
-            .grpc_connections(ServiceMethod::Connect)
-            .dec();
+        tracing::info!(
+            backend = bid,
+            cluster = self.cluster.name(),
+            "agent disconnected"
+        );
+        let (w, c) = (&*self.worker, &*self.cluster);
+        c.router.borrow_mut().backend_gone(bid);
+        c.backend_drained(w, bid); // give back any held credit
+        c.backends.borrow_mut().remove(&bid);
+        c.loads.borrow_mut().remove(&bid);
+        c.apply(w);
+        bump(&w.shared.connect_streams, false);
+        bump(&w.shared.backends, false);
+        c.metrics.grpc_connections(ServiceMethod::Connect).dec();
         self.publish_backends();
-        self.worker.publish();
-        (self.announce)(Msg::BackendDown(bid));
+        c.publish(w);
+        c.announce(w, || ClusterMsg::BackendDown(bid));
     }
 
     /// `ready_backends{proxy_strategy}` and the deprecated
     /// `ready_backend_connections` (upstream: written by every storage, the
     /// last one wins).
     fn publish_backends(&self) {
-        let router = self.worker.router.borrow();
+        let router = self.cluster.router.borrow();
         let dir = router.directory();
         for s in dir.strategies() {
             let n = dir.ready_backends(*s);
-            self.worker
+            self.cluster
                 .all_metrics
                 .set_ready_backends(metric_strategy(*s), n);
-            self.worker.all_metrics.set_ready_backend_connections(n);
+            self.cluster.all_metrics.set_ready_backend_connections(n);
         }
     }
 }
@@ -326,27 +332,25 @@ impl Handler<Grpc> for AgentConn {
                     match Packet::decode(&msg) {
                         Ok(p) => {
                             let ty = p.ty();
-                            self.worker
-                                .metrics
-                                .stream_packets(Segment::FromAgent, ty)
-                                .inc();
-                            self.worker.forwarding.set(ty);
+                            let (w, c) = (&*self.worker, &*self.cluster);
+                            c.metrics.stream_packets(Segment::FromAgent, ty).inc();
+                            w.forwarding.set(ty);
                             let drain = matches!(p, Packet::Drain);
                             let framed = framed.unwrap_or_else(|| reframe(&msg));
-                            credit = self.worker.router.borrow_mut().backend_packet(
+                            credit = c.router.borrow_mut().backend_packet(
                                 konn_core::io::clock::now(),
                                 bid,
                                 p,
                                 framed,
                                 flow,
                             );
-                            self.worker.apply();
+                            c.apply(w);
                             if ty != PacketType::Data {
-                                self.worker.publish();
+                                c.publish(w);
                             }
                             if drain {
                                 tracing::info!(backend = bid, "agent is draining");
-                                (self.announce)(Msg::BackendDraining(bid));
+                                c.announce(w, || ClusterMsg::BackendDraining(bid));
                             }
                         }
                         Err(e) => {
@@ -358,10 +362,10 @@ impl Handler<Grpc> for AgentConn {
             }
             GrpcEvent::Writable { id } => {
                 if let Some(&bid) = self.streams.get(&id) {
-                    if let Some(b) = self.worker.backends.borrow().get(&bid) {
+                    if let Some(b) = self.cluster.backends.borrow().get(&bid) {
                         b.queued.set(grpc.queued_bytes(id));
                     }
-                    self.worker.backend_drained(bid);
+                    self.cluster.backend_drained(&self.worker, bid);
                 }
             }
             GrpcEvent::HalfClose { id } => {
@@ -372,7 +376,7 @@ impl Handler<Grpc> for AgentConn {
             GrpcEvent::Finished { id, status, .. } => {
                 if status != GrpcStatus::OK && self.streams.contains_key(&id) {
                     let code = crate::frontend::upstream_recv_code(status);
-                    self.worker
+                    self.cluster
                         .metrics
                         .stream_errors(Segment::FromAgent, code, None)
                         .inc();
@@ -394,7 +398,7 @@ impl Handler<Grpc> for AgentConn {
         let s = &self.worker.settings;
         for (&stream, bid) in &self.streams {
             let queued = grpc.queued_bytes(stream);
-            if let Some(b) = self.worker.backends.borrow().get(bid) {
+            if let Some(b) = self.cluster.backends.borrow().get(bid) {
                 b.queued.set(queued);
             }
             if queued >= s.tunnel_high_water {

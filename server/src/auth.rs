@@ -8,7 +8,7 @@
 //! [`MAX_PENDING`] per worker (beyond that the agent is refused at once).
 //! The token goes to the reviewer on the control-plane thread
 //! (`konn_core::kube::review`), whose verdict comes back as
-//! [`Msg::AuthVerdict`] through this worker's mesh inbox. The verdict is
+//! `ClusterMsg::AuthVerdict` through this worker's mesh inbox. The verdict is
 //! handed to the connection ([`Verdicts`]) and the connection is poked; its
 //! handler then accepts the call (headers, backend registration, exactly
 //! as without authentication) or finishes it with upstream's status.
@@ -36,6 +36,7 @@ use konn_core::io::xcore::{MeshSender, SendError};
 use konn_core::kube::review::{Delivery, Outcome, Refusal, Source, TokenReviewer, Verdict};
 use konn_protocol::h2::Headers;
 
+use crate::cluster::{ClusterId, ClusterMsg};
 use crate::worker::{Msg, Outbox, Worker};
 
 /// Held Connect calls per worker at most.
@@ -164,24 +165,27 @@ pub struct Auth {
     reviewer: TokenReviewer,
     mesh: MeshSender<Msg>,
     worker: usize,
+    cluster: ClusterId,
     deadline: Duration,
     held: RefCell<HashMap<u64, Held>>,
     next: Cell<u64>,
 }
 
 impl Auth {
-    /// The authentication of worker `worker`; `review_timeout` is the
-    /// reviewer's own deadline.
+    /// The authentication of cluster `cluster` on worker `worker`;
+    /// `review_timeout` is the reviewer's own deadline.
     pub fn new(
         reviewer: TokenReviewer,
         mesh: MeshSender<Msg>,
         worker: usize,
+        cluster: ClusterId,
         review_timeout: Duration,
     ) -> Self {
         Self {
             reviewer,
             mesh,
             worker,
+            cluster,
             deadline: review_timeout + DEADLINE_MARGIN,
             held: RefCell::new(HashMap::new()),
             next: Cell::new(1),
@@ -214,11 +218,18 @@ impl Auth {
         }
         let id = self.next.get();
         self.next.set(id + 1);
-        let (mesh, to) = (self.mesh.clone(), self.worker);
+        let (mesh, to, cluster) = (self.mesh.clone(), self.worker, self.cluster);
         let reply = Box::new(move |outcome: Outcome| {
-            match mesh.send(to, Msg::AuthVerdict { id, outcome }) {
+            let msg = Msg::Cluster {
+                cluster,
+                msg: ClusterMsg::AuthVerdict { id, outcome },
+            };
+            match mesh.send(to, msg) {
                 Ok(()) => Delivery::Delivered,
-                Err(SendError::Full(Msg::AuthVerdict { outcome, .. })) => Delivery::Full(outcome),
+                Err(SendError::Full(Msg::Cluster {
+                    msg: ClusterMsg::AuthVerdict { outcome, .. },
+                    ..
+                })) => Delivery::Full(outcome),
                 Err(_) => Delivery::Gone,
             }
         });
@@ -236,12 +247,13 @@ impl Auth {
             },
         );
         // The worker's own deadline: fail closed if no verdict comes.
-        let (w, limit) = (Rc::downgrade(worker), self.deadline);
+        let (w, limit, cluster) = (Rc::downgrade(worker), self.deadline, self.cluster);
         worker.spawn(async move {
             let sleep = monoio::time::sleep(limit);
             if let Either::Left(()) = race(sleep, cancel.notified()).await
                 && let Some(w) = w.upgrade()
-                && let Some(auth) = w.auth.get()
+                && let Some(c) = w.clusters.borrow().get(&cluster).cloned()
+                && let Some(auth) = &c.auth
             {
                 auth.resolve(
                     id,

@@ -44,6 +44,7 @@ use monoio::io::{
 };
 use monoio::net::{TcpStream, UnixStream};
 
+use crate::cluster::Cluster;
 use crate::worker::{FrontendRef, Stop, Worker, bump};
 use konn_protocol::server::backends::BackendId;
 use konn_protocol::server::router::{FrontendId, FrontendKind};
@@ -446,11 +447,17 @@ pub async fn read_head(wire: &mut Wire, timeout: Duration) -> Head {
 
 /// Serve a CONNECT whose head was read on this core (or moved here):
 /// dial, relay, close.
-pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
+pub async fn serve_connect(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    mut wire: Wire,
+    target: String,
+) {
     let fid = worker.next_id();
     let cf = Rc::new(ConnectFrontend::new());
     let weak = Rc::downgrade(&cf);
-    worker.track(
+    cluster.track(
+        &worker,
         fid,
         Box::new(move |how| {
             // CONNECT has no GOAWAY: a graceful stop lets it finish.
@@ -459,41 +466,47 @@ pub async fn serve_connect(worker: Rc<Worker>, mut wire: Wire, target: String) {
             }
         }),
     );
-    worker
+    cluster
         .router
         .borrow_mut()
         .frontend_opened(fid, FrontendKind::HttpConnect);
-    worker
+    cluster
         .frontends
         .borrow_mut()
         .insert(fid, FrontendRef::Connect(cf.clone()));
     bump(&worker.shared.http_connections, true);
-    worker.metrics.http_connections().inc();
+    cluster.metrics.http_connections().inc();
     tracing::debug!(frontend = fid, %target, "CONNECT request");
     let random = worker.random();
     let dial = worker.dial_random();
-    worker.router.borrow_mut().connect_request(
+    cluster.router.borrow_mut().connect_request(
         konn_core::io::clock::now(),
         fid,
         &target,
         dial,
         random,
     );
-    worker.apply();
-    worker.publish();
-    relay(&worker, fid, &cf, &mut wire).await;
+    cluster.apply(&worker);
+    cluster.publish(&worker);
+    relay(&worker, &cluster, fid, &cf, &mut wire).await;
     // Whatever happened, the router forgets this frontend (idempotent).
-    worker.frontends.borrow_mut().remove(&fid);
-    worker.router.borrow_mut().frontend_gone(fid);
-    worker.apply();
-    worker.publish();
+    cluster.frontends.borrow_mut().remove(&fid);
+    cluster.router.borrow_mut().frontend_gone(fid);
+    cluster.apply(&worker);
+    cluster.publish(&worker);
     wire.close().await;
-    worker.connections.borrow_mut().remove(&fid);
+    cluster.untrack(&worker, fid);
     bump(&worker.shared.http_connections, false);
-    worker.metrics.http_connections().dec();
+    cluster.metrics.http_connections().dec();
 }
 
-async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mut Wire) {
+async fn relay(
+    worker: &Worker,
+    cluster: &Cluster,
+    fid: FrontendId,
+    cf: &ConnectFrontend,
+    wire: &mut Wire,
+) {
     // While the dial is pending (bounded by the router's dial deadline),
     // watch the client: a client that leaves ends the dial (as upstream,
     // whose handler returns when the client closes first), and bytes it
@@ -531,7 +544,7 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
     {
         return;
     }
-    relay_established(worker, fid, cf, wire, (backend, connect_id)).await;
+    relay_established(worker, cluster, fid, cf, wire, (backend, connect_id)).await;
 }
 
 /// Relay an established connection until either side ends it: agent
@@ -540,6 +553,7 @@ async fn relay(worker: &Worker, fid: FrontendId, cf: &ConnectFrontend, wire: &mu
 /// connections of the reverse direction (`crate::reverse`).
 pub(crate) async fn relay_established(
     worker: &Worker,
+    cluster: &Cluster,
     fid: FrontendId,
     cf: &ConnectFrontend,
     wire: &mut Wire,
@@ -549,7 +563,14 @@ pub(crate) async fn relay_established(
     while !wire.plain.is_empty() {
         let n = wire.plain.len().min(MAX_DATA_PAYLOAD);
         let chunk = wire.plain.split_to(n);
-        send_data(worker, cf, (fid, backend, connect_id), &chunk, None);
+        send_data(
+            worker,
+            cluster,
+            cf,
+            (fid, backend, connect_id),
+            &chunk,
+            None,
+        );
     }
     // The last read filled its buffer (see `ReadReady` on `relaxed`).
     let mut full = false;
@@ -562,19 +583,19 @@ pub(crate) async fn relay_established(
             match race(wire.send(data), cf.killed.notified()).await {
                 Either::Left(Ok(())) => {
                     if cf.reverse.get() {
-                        worker
+                        cluster
                             .metrics
                             .reverse_bytes(ReverseDirection::ToControlPlane)
                             .add(len as u64);
                     }
                     cf.queued.set(cf.queued.get().saturating_sub(len));
                     let level = cf.queued.get();
-                    worker.router.borrow_mut().frontend_level(
+                    cluster.router.borrow_mut().frontend_level(
                         konn_core::io::clock::now(),
                         fid,
                         level,
                     );
-                    worker.apply();
+                    cluster.apply(worker);
                     continue;
                 }
                 Either::Left(Err(_)) | Either::Right(()) => return,
@@ -593,8 +614,8 @@ pub(crate) async fn relay_established(
             cf.wake.notified().await;
             continue;
         }
-        if worker.congested(backend) {
-            let drained = worker
+        if cluster.congested(worker, backend) {
+            let drained = cluster
                 .backends
                 .borrow()
                 .get(&backend)
@@ -630,7 +651,14 @@ pub(crate) async fn relay_established(
                 None => continue,
                 Some(Ok(n)) if n > 0 => {
                     full = n == MAX_DATA_PAYLOAD;
-                    send_data(worker, cf, (fid, backend, connect_id), &[], Some((buf, n)));
+                    send_data(
+                        worker,
+                        cluster,
+                        cf,
+                        (fid, backend, connect_id),
+                        &[],
+                        Some((buf, n)),
+                    );
                 }
                 Some(_) => return, // client EOF or error: CLOSE_REQ via frontend_gone
             }
@@ -641,7 +669,14 @@ pub(crate) async fn relay_established(
                     while !wire.plain.is_empty() {
                         let n = wire.plain.len().min(MAX_DATA_PAYLOAD);
                         let chunk = wire.plain.split_to(n);
-                        send_data(worker, cf, (fid, backend, connect_id), &chunk, None);
+                        send_data(
+                            worker,
+                            cluster,
+                            cf,
+                            (fid, backend, connect_id),
+                            &chunk,
+                            None,
+                        );
                     }
                     if !more || wire.eof {
                         return;
@@ -659,6 +694,7 @@ pub(crate) async fn relay_established(
 /// counted until it acknowledges them.
 fn send_data(
     worker: &Worker,
+    cluster: &Cluster,
     cf: &ConnectFrontend,
     (fid, backend, connect_id): (FrontendId, BackendId, i64),
     data: &[u8],
@@ -681,15 +717,15 @@ fn send_data(
     };
     let len = framed.len();
     if cf.reverse.get() {
-        worker
+        cluster
             .metrics
             .reverse_bytes(ReverseDirection::ToNode)
             .add(payload as u64);
     }
-    if worker.router.borrow_mut().connect_data(fid, framed) {
+    if cluster.router.borrow_mut().connect_data(fid, framed) {
         worker.forwarding.set(packet::PacketType::Data);
-        worker.apply();
-        if worker.credit_via_tunnel(fid, backend, len) {
+        cluster.apply(worker);
+        if cluster.credit_via_tunnel(worker, fid, backend, len) {
             cf.unacked.set(cf.unacked.get() + len);
         }
     }

@@ -64,6 +64,10 @@ pub enum Error {
         /// Why.
         source: konn_core::Error,
     },
+    /// A flag that `--clusters-config` replaces with per-cluster settings.
+    ClustersConfigConflict(&'static str),
+    /// The `--clusters-config` file is refused (file, line, field, why).
+    ClustersConfig(crate::clusters::config::ConfigError),
     /// A `--*-bind-address` names a host that does not resolve.
     Resolve {
         /// The flag.
@@ -126,6 +130,12 @@ impl fmt::Display for Error {
             }
             Self::Tls { what, source } => write!(f, "{what}: {source}"),
             Self::Resolve { flag, host } => write!(f, "--{flag}: cannot resolve {host:?}"),
+            Self::ClustersConfigConflict(flag) => write!(
+                f,
+                "--{flag} cannot be combined with --clusters-config: give it per cluster in the file \
+                 (docs/MULTI-CLUSTER.md)"
+            ),
+            Self::ClustersConfig(e) => write!(f, "--clusters-config: {e}"),
         }
     }
 }
@@ -135,6 +145,7 @@ impl std::error::Error for Error {
         match self {
             Self::Flag(e) => e.source(),
             Self::Tls { source, .. } => Some(source),
+            Self::ClustersConfig(e) => Some(e),
             _ => None,
         }
     }

@@ -26,6 +26,7 @@ use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
 
 use crate::agents::{reframe, unknown_method};
+use crate::cluster::Cluster;
 use crate::metrics::{Segment, ServiceMethod};
 use crate::worker::{FrontendRef, Outbox, Worker, bump};
 use konn_protocol::server::router::{FrontendId, FrontendKind};
@@ -44,6 +45,8 @@ pub struct Plan {
 /// The handler of one frontend connection.
 pub struct FrontendConn {
     worker: Rc<Worker>,
+    /// The cluster whose listener accepted the connection.
+    cluster: Rc<Cluster>,
     outbox: Rc<Outbox>,
     streams: HashMap<u32, FrontendId>,
     detach: Rc<Cell<bool>>,
@@ -55,9 +58,15 @@ pub struct FrontendConn {
 impl FrontendConn {
     /// A handler for a new connection; `plan` receives the move plan when
     /// the connection must migrate.
-    pub fn new(worker: Rc<Worker>, outbox: Rc<Outbox>, plan: Rc<RefCell<Option<Plan>>>) -> Self {
+    pub fn new(
+        worker: Rc<Worker>,
+        cluster: Rc<Cluster>,
+        outbox: Rc<Outbox>,
+        plan: Rc<RefCell<Option<Plan>>>,
+    ) -> Self {
         Self {
             worker,
+            cluster,
             outbox,
             streams: HashMap::new(),
             detach: Rc::new(Cell::new(false)),
@@ -85,11 +94,11 @@ impl FrontendConn {
 
     fn open(&mut self, id: u32) {
         let fid = self.worker.next_id();
-        self.worker
+        self.cluster
             .router
             .borrow_mut()
             .frontend_opened(fid, FrontendKind::Grpc);
-        self.worker.frontends.borrow_mut().insert(
+        self.cluster.frontends.borrow_mut().insert(
             fid,
             FrontendRef::Grpc {
                 outbox: self.outbox.clone(),
@@ -98,7 +107,7 @@ impl FrontendConn {
         );
         self.streams.insert(id, fid);
         bump(&self.worker.shared.proxy_streams, true);
-        self.worker
+        self.cluster
             .metrics
             .grpc_connections(ServiceMethod::Proxy)
             .inc();
@@ -108,15 +117,13 @@ impl FrontendConn {
         let Some(fid) = self.streams.remove(&id) else {
             return;
         };
-        self.worker.frontends.borrow_mut().remove(&fid);
-        self.worker.router.borrow_mut().frontend_gone(fid);
-        self.worker.apply();
-        self.worker.publish();
-        bump(&self.worker.shared.proxy_streams, false);
-        self.worker
-            .metrics
-            .grpc_connections(ServiceMethod::Proxy)
-            .dec();
+        let (w, c) = (&*self.worker, &*self.cluster);
+        c.frontends.borrow_mut().remove(&fid);
+        c.router.borrow_mut().frontend_gone(fid);
+        c.apply(w);
+        c.publish(w);
+        bump(&w.shared.proxy_streams, false);
+        c.metrics.grpc_connections(ServiceMethod::Proxy).dec();
     }
 
     /// Decide whether this DIAL_REQ moves the connection; if so, record the
@@ -124,12 +131,12 @@ impl FrontendConn {
     fn should_move(&mut self, fid: FrontendId, address: &str, random: u64) -> bool {
         if !self.may_move
             || self.streams.len() != 1
-            || self.worker.router.borrow().frontend_dialled(fid)
+            || self.cluster.router.borrow().frontend_dialled(fid)
         {
             return false;
         }
         let target = {
-            let router = self.worker.router.borrow();
+            let router = self.cluster.router.borrow();
             router
                 .directory()
                 .pick(address, random, self.worker.index)
@@ -198,10 +205,10 @@ impl Handler<Grpc> for FrontendConn {
                     // Forget it here (nothing pending yet); the new core
                     // registers it again and replays this message.
                     self.streams.remove(&id);
-                    self.worker.frontends.borrow_mut().remove(&fid);
-                    self.worker.router.borrow_mut().frontend_gone(fid);
+                    self.cluster.frontends.borrow_mut().remove(&fid);
+                    self.cluster.router.borrow_mut().frontend_gone(fid);
                     bump(&self.worker.shared.proxy_streams, false);
-                    self.worker
+                    self.cluster
                         .metrics
                         .grpc_connections(ServiceMethod::Proxy)
                         .dec();
@@ -216,24 +223,22 @@ impl Handler<Grpc> for FrontendConn {
                     return;
                 }
                 let ty = packet.ty();
-                self.worker
-                    .metrics
-                    .stream_packets(Segment::FromClient, ty)
-                    .inc();
-                self.worker.forwarding.set(ty);
+                let (w, c) = (&*self.worker, &*self.cluster);
+                c.metrics.stream_packets(Segment::FromClient, ty).inc();
+                w.forwarding.set(ty);
                 let framed = framed.unwrap_or_else(|| reframe(&msg));
-                self.worker.router.borrow_mut().frontend_packet(
+                c.router.borrow_mut().frontend_packet(
                     konn_core::io::clock::now(),
                     fid,
                     packet,
                     framed,
                     random,
                 );
-                self.worker.apply();
+                c.apply(w);
                 if ty != PacketType::Data {
-                    self.worker.publish();
+                    c.publish(w);
                 }
-                self.worker.credit(fid, &self.outbox, id, flow, grpc);
+                c.credit(w, fid, &self.outbox, id, flow, grpc);
             }
             GrpcEvent::HalfClose { id } => {
                 // The client is done (upstream: Recv returns EOF, the
@@ -243,7 +248,7 @@ impl Handler<Grpc> for FrontendConn {
             }
             GrpcEvent::Finished { id, status, .. } => {
                 if status != GrpcStatus::OK && self.streams.contains_key(&id) {
-                    self.worker
+                    self.cluster
                         .metrics
                         .stream_errors(Segment::FromClient, upstream_recv_code(status), None)
                         .inc();
@@ -263,7 +268,7 @@ impl Handler<Grpc> for FrontendConn {
         let now = konn_core::io::clock::now();
         let mut changed = false;
         {
-            let mut router = self.worker.router.borrow_mut();
+            let mut router = self.cluster.router.borrow_mut();
             for (&stream, &fid) in &self.streams {
                 let level = grpc.queued_bytes(stream);
                 if router.frontend_queued(fid).is_some_and(|q| q != level) {
@@ -273,7 +278,7 @@ impl Handler<Grpc> for FrontendConn {
             }
         }
         if changed {
-            self.worker.apply();
+            self.cluster.apply(&self.worker);
             self.outbox.flush(grpc);
         }
     }

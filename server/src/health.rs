@@ -33,6 +33,18 @@
 //! `pending` dials sent to it and not answered yet; `draining` is true once
 //! the agent sent DRAIN; `worker` is the server worker (core) that holds
 //! the agent's tunnel.
+//!
+//! **With `--clusters-config`** ([`health_router_clusters`],
+//! [`admin_router_clusters`]; docs/MULTI-CLUSTER.md):
+//! - `/readyz` (and `/ready`) is 200 while the server serves, whatever any
+//!   cluster's agents do: one tenant without agents must not take the
+//!   shared server out of its load balancer. `/readyz/<cluster>` is that
+//!   cluster's readiness, upstream's rule (200 `ok` with an agent, else 500
+//!   `no connection to any proxy agent`); an unknown cluster is 404.
+//! - `/metrics`: every cluster's families carry a `cluster` label; the
+//!   process-wide ones (`process_*`, leases, token reviews) do not.
+//! - `/debug/backends` groups the agents by cluster, clusters sorted by
+//!   name: `{"clusters":[{"name":"a","agents":[...]}]}`.
 
 use std::rc::Rc;
 
@@ -104,6 +116,27 @@ impl<F: Fn() -> Vec<BackendInfo>> BackendsSource for F {
     }
 }
 
+/// One cluster's agents (`/debug/backends` with `--clusters-config`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterBackends {
+    /// The cluster.
+    pub name: String,
+    /// Its connected agents.
+    pub agents: Vec<BackendInfo>,
+}
+
+/// What the endpoints of a server with `--clusters-config` report.
+pub trait ClustersView {
+    /// The server's readiness (not its clusters').
+    fn ready(&self) -> Result<(), String>;
+    /// Cluster `name`'s readiness; `None`: no such cluster.
+    fn cluster_ready(&self, name: &str) -> Option<Result<(), String>>;
+    /// One scrape (see `ServerMetrics::scrape`).
+    fn scrape(&self) -> Vec<u8>;
+    /// The agents, by cluster.
+    fn backends(&self) -> Vec<ClusterBackends>;
+}
+
 /// `/healthz`: always `ok` while the process serves HTTP.
 pub fn healthz(_request: &Request<'_>) -> Response {
     Response::text(200, "ok")
@@ -129,6 +162,70 @@ pub fn health_router(readiness: impl Readiness + 'static, metrics: Registry) -> 
         .route("/metrics", move |req| metrics_response(&metrics, req))
 }
 
+/// The health port's routes with `--clusters-config` (module docs).
+pub fn health_router_clusters(view: Rc<dyn ClustersView>) -> Router {
+    let (ready, ready2, cluster, metrics) = (view.clone(), view.clone(), view.clone(), view);
+    Router::new()
+        .route("/healthz", healthz)
+        .route("/readyz", move |_| readyz(&|| ready.ready()))
+        .route("/ready", move |_| readyz(&|| ready2.ready()))
+        .route("/readyz/", move |req| {
+            let name = req.path().strip_prefix("/readyz/").unwrap_or_default();
+            match cluster.cluster_ready(name) {
+                Some(r) => readyz(&move || r.clone()),
+                None => Response::not_found(),
+            }
+        })
+        .route("/metrics", move |req| {
+            scrape_response(metrics.scrape(), req)
+        })
+}
+
+/// The admin port's routes with `--clusters-config` (module docs).
+pub fn admin_router_clusters(view: Rc<dyn ClustersView>, enable_profiling: bool) -> Router {
+    let metrics = view.clone();
+    let router = Router::new()
+        .route("/metrics", move |req| {
+            scrape_response(metrics.scrape(), req)
+        })
+        .route("/debug/backends", move |_| {
+            Response::new(200)
+                .with_header("Content-Type", "application/json")
+                .with_body(clusters_json(view.backends()))
+        });
+    if enable_profiling {
+        profiling_routes(router)
+    } else {
+        router
+    }
+}
+
+/// A `/metrics` answer with a body already rendered.
+fn scrape_response(body: Vec<u8>, request: &Request<'_>) -> Response {
+    let content_type = konn_core::metrics::text::negotiate_content_type(request.header("accept"));
+    Response::new(200)
+        .with_header("Content-Type", content_type)
+        .with_body(body)
+}
+
+/// The `/debug/backends` document with `--clusters-config`.
+pub fn clusters_json(mut clusters: Vec<ClusterBackends>) -> Vec<u8> {
+    clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut out = String::from("{\"clusters\":[");
+    for (i, c) in clusters.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"name\":");
+        json_string(&mut out, &c.name);
+        out.push_str(",\"agents\":");
+        agents_json(&mut out, c.agents);
+        out.push('}');
+    }
+    out.push_str("]}\n");
+    out.into_bytes()
+}
+
 /// The admin port's routes.
 pub fn admin_router(
     metrics: Registry,
@@ -150,15 +247,23 @@ pub fn admin_router(
 }
 
 /// The `/debug/backends` document (see the module docs), newline-terminated.
-pub fn backends_json(mut agents: Vec<BackendInfo>) -> Vec<u8> {
+pub fn backends_json(agents: Vec<BackendInfo>) -> Vec<u8> {
+    let mut out = String::from("{\"agents\":");
+    agents_json(&mut out, agents);
+    out.push_str("}\n");
+    out.into_bytes()
+}
+
+/// A JSON array of agents, sorted by id.
+fn agents_json(out: &mut String, mut agents: Vec<BackendInfo>) {
     agents.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-    let mut out = String::from("{\"agents\":[");
+    out.push('[');
     for (i, agent) in agents.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
         out.push_str("{\"id\":");
-        json_string(&mut out, &agent.agent_id);
+        json_string(out, &agent.agent_id);
         out.push_str(",\"identifiers\":{");
         let ids = &agent.identifiers;
         for (key, values) in [
@@ -174,7 +279,7 @@ pub fn backends_json(mut agents: Vec<BackendInfo>) -> Vec<u8> {
                 if j > 0 {
                     out.push(',');
                 }
-                json_string(&mut out, value);
+                json_string(out, value);
             }
             out.push_str("],");
         }
@@ -187,8 +292,7 @@ pub fn backends_json(mut agents: Vec<BackendInfo>) -> Vec<u8> {
             agent.worker, agent.connections_open, agent.connections_pending
         ));
     }
-    out.push_str("]}\n");
-    out.into_bytes()
+    out.push(']');
 }
 
 /// Appends `s` as a JSON string (RFC 8259 escaping).
@@ -242,5 +346,23 @@ mod tests {
              \"connections\":{\"open\":0,\"pending\":0}}]}\n"
         );
         assert_eq!(backends_json(Vec::new()), b"{\"agents\":[]}\n");
+        assert_eq!(
+            clusters_json(vec![
+                ClusterBackends {
+                    name: "b".into(),
+                    agents: Vec::new()
+                },
+                ClusterBackends {
+                    name: "a".into(),
+                    agents: vec![BackendInfo {
+                        agent_id: "x".into(),
+                        ..BackendInfo::default()
+                    }]
+                },
+            ]),
+            b"{\"clusters\":[{\"name\":\"a\",\"agents\":[{\"id\":\"x\",\"identifiers\":{\"host\":[],\
+              \"ipv4\":[],\"ipv6\":[],\"cidr\":[],\"defaultRoute\":false},\"draining\":false,\
+              \"worker\":0,\"connections\":{\"open\":0,\"pending\":0}}]},{\"name\":\"b\",\"agents\":[]}]}\n"
+        );
     }
 }

@@ -126,7 +126,7 @@ impl KubeServices {
 }
 
 /// Counts the control-plane thread's calls into the server's metrics.
-struct Observer(ServerMetrics);
+pub(crate) struct Observer(pub(crate) ServerMetrics);
 
 impl ReviewObserver for Observer {
     fn api_call(&self, code: Option<u16>) {

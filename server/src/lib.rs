@@ -7,6 +7,7 @@
 //! is the IO and the wiring around it.
 //!
 //! - [`options`]: the command line (every upstream v0.36 flag, konn's own).
+//! - [`clusters`]: `--clusters-config`, one server for many clusters.
 //! - [`settings`]: run-time settings built from the options.
 //! - [`worker`]: one worker's state and the hand-off between connections.
 //! - [`agents`]: the agent port (`/AgentService/Connect` → backends);
@@ -22,6 +23,8 @@
 
 pub mod agents;
 pub mod auth;
+pub mod cluster;
+pub mod clusters;
 pub mod connect;
 pub mod error;
 pub mod frontend;

@@ -2,6 +2,10 @@
 //! validates the options (the start-up sequence of `konn_core::app`),
 //! binds every listener and serves until SIGTERM or SIGINT.
 //!
+//! With `--clusters-config`, SIGHUP (and any change of the file) reloads
+//! the clusters (docs/MULTI-CLUSTER.md); without it SIGHUP ends the process
+//! as upstream's does.
+//!
 //! Shutdown follows upstream: the first signal stops accepting, sends
 //! GOAWAY and waits up to `--graceful-shutdown-timeout` for the frontends
 //! to finish (0 = stop at once); a second signal exits 1 immediately.
@@ -40,11 +44,40 @@ fn main() -> ExitCode {
 fn run(opts: &ServerOptions) -> anyhow::Result<()> {
     let settings = ServerSettings::from_options(opts)?;
     let graceful = settings.graceful_shutdown_timeout;
-    let server = serve::start(settings).context("starting the server")?;
+    let multi = settings.multi_cluster();
+    if multi {
+        // Before any worker exists, so none is ever interrupted by it.
+        signals::block_reload_signal().context("blocking SIGHUP")?;
+    }
+    let mut server = serve::start(settings).context("starting the server")?;
+    if multi {
+        for (name, addr, path) in server.cluster_frontends() {
+            match (addr, path) {
+                (Some(a), _) => tracing::info!(cluster = %name, "frontend listening on {a}"),
+                (_, Some(p)) => {
+                    tracing::info!(cluster = %name, "frontend listening on unix socket {}", p.display())
+                }
+                _ => {}
+            }
+        }
+        server.watch(None).context("watching --clusters-config")?;
+        if let Some(poker) = server.reload_poker() {
+            std::thread::Builder::new()
+                .name("sighup".into())
+                .spawn(
+                    move || {
+                        while signals::wait_reload_signal().is_ok() && poker.send(false).is_ok() {}
+                    },
+                )
+                .context("starting the SIGHUP thread")?;
+        }
+    }
     match server.frontend_path() {
-        Some(path) => tracing::info!("frontend listening on unix socket {}", path.display()),
-        None => {
-            if let Some(addr) = server.frontend_addr() {
+        Some(path) if !multi => {
+            tracing::info!("frontend listening on unix socket {}", path.display())
+        }
+        _ => {
+            if let Some(addr) = server.frontend_addr().filter(|_| !multi) {
                 tracing::info!("frontend listening on {addr}");
             }
         }

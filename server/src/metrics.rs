@@ -186,6 +186,9 @@ struct Families {
     reverse: ReverseFamilies,
     agent_auth: DynamicCounterVec,
     token_reviews: DynamicCounterVec,
+    clusters: GaugeVec,
+    cluster_reloads: DynamicCounterVec,
+    sni_refusals: DynamicCounterVec,
 }
 
 /// `reason` labels of `konn_reverse_refusals_total`, in
@@ -297,7 +300,25 @@ impl Families {
             &["code"],
         );
         let reverse = ReverseFamilies::register(b, &REVERSE_REASONS);
+        // --clusters-config only (never touched without it).
+        let clusters = b.gauge(
+            "konn_server_clusters",
+            "Clusters served (--clusters-config).",
+        );
+        let cluster_reloads = b.dynamic_counter_vec(
+            "konn_server_clusters_config_reloads_total",
+            "Reloads of --clusters-config, by result (ok, error: the file was refused whole and the running configuration kept).",
+            &["result"],
+        );
+        let sni_refusals = b.dynamic_counter_vec(
+            "konn_server_agent_sni_refusals_total",
+            "Agent connections refused before TLS by --clusters-config, by reason (no_server_name, unknown_server_name, not_tls, timeout).",
+            &["reason"],
+        );
         Self {
+            clusters,
+            cluster_reloads,
+            sni_refusals,
             reverse,
             agent_auth,
             token_reviews,
@@ -331,18 +352,71 @@ pub struct ServerMetrics {
 
 impl ServerMetrics {
     /// Registers every server family, the `process_*` and `promhttp_*`
-    /// families, with one slab per worker (`cores`).
+    /// families, with one slab per worker (`cores`): the one registry of a
+    /// server without `--clusters-config`.
     pub fn new(cores: usize) -> Self {
+        Self::build(cores, true, true)
+    }
+
+    /// With `--clusters-config`, the process-wide registry: `process_*`,
+    /// `promhttp_*`, leases, token reviews, reloads. The families of the
+    /// clusters are counted in their own registries ([`ServerMetrics::cluster`])
+    /// and scraped with a `cluster` label ([`ServerMetrics::scrape`]).
+    pub fn process(cores: usize) -> Self {
+        Self::build(cores, true, false)
+    }
+
+    /// With `--clusters-config`, one cluster's registry.
+    pub fn cluster(cores: usize) -> Self {
+        Self::build(cores, false, true)
+    }
+
+    fn build(cores: usize, process: bool, cluster: bool) -> Self {
         let mut b = Registry::builder();
         let families = Families::register(&mut b);
-        b.process_metrics().scrape_metrics();
+        if process {
+            b.process_metrics().scrape_metrics();
+        }
         let registry = b.build(cores);
         // Plain NewGauge / NewCounter metrics upstream: present from start.
-        registry
-            .gauge(families.http_connections.series(&[]))
-            .touch();
-        registry.counter(families.culled_leases.series(&[])).touch();
+        if cluster {
+            registry
+                .gauge(families.http_connections.series(&[]))
+                .touch();
+        }
+        if process {
+            registry.counter(families.culled_leases.series(&[])).touch();
+        }
         Self { registry, families }
+    }
+
+    /// A scrape of this registry with `clusters`' registries, each series
+    /// of a cluster labelled `cluster="name"` (clusters sorted by name).
+    pub fn scrape(&self, clusters: &[(&str, &Self)]) -> Vec<u8> {
+        if clusters.is_empty() {
+            return self.registry.scrape();
+        }
+        let parts: Vec<(&str, &Registry)> =
+            clusters.iter().map(|(n, m)| (*n, &m.registry)).collect();
+        self.registry.scrape_merged("cluster", &parts)
+    }
+
+    /// `konn_server_clusters` (with `--clusters-config`).
+    pub fn set_clusters(&self, n: usize) {
+        self.shared_gauge(self.families.clusters, &[]).set(n as f64);
+    }
+
+    /// `konn_server_clusters_config_reloads_total{result}` += 1.
+    pub fn cluster_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.registry
+            .dynamic_counter_add(self.families.cluster_reloads, &[result], 1);
+    }
+
+    /// `konn_server_agent_sni_refusals_total{reason}` += 1.
+    pub fn sni_refusal(&self, reason: &str) {
+        self.registry
+            .dynamic_counter_add(self.families.sni_refusals, &[reason], 1);
     }
 
     /// The registry (scrapes, `/metrics`).

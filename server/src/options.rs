@@ -206,6 +206,8 @@ pub struct ServerFlags {
     pub reverse_dial_rate: i64,
     /// `--reverse-dial-timeout` (konn: KEP-2025).
     pub reverse_dial_timeout: GoDuration,
+    /// `--clusters-config` (konn: one server for many clusters).
+    pub clusters_config: String,
 }
 
 impl ServerFlags {
@@ -258,6 +260,7 @@ impl ServerFlags {
             reverse_max_per_agent: 256,
             reverse_dial_rate: 100,
             reverse_dial_timeout: GoDuration::from_secs(10),
+            clusters_config: String::new(),
         }
     }
 
@@ -505,6 +508,14 @@ impl ServerFlags {
             self.reverse_dial_timeout,
             "konn: bound on resolving and connecting one --allowed-destination.",
         );
+        f.add_string(
+            "clusters-config",
+            &self.clusters_config,
+            "konn: a YAML file of clusters served by this one server (docs/MULTI-CLUSTER.md): each \
+             with its own frontend, its agents chosen by the SNI they send on the agent port and \
+             admitted only with that cluster's credentials, its own strategies, limits and allowed \
+             destinations. Re-read on SIGHUP and when it changes. Empty: one cluster, from the flags.",
+        );
         f.set_section(previous);
     }
 
@@ -555,6 +566,7 @@ impl ServerFlags {
             reverse_max_per_agent: f.get_int("reverse-max-per-agent"),
             reverse_dial_rate: f.get_int("reverse-dial-rate"),
             reverse_dial_timeout: f.get_duration("reverse-dial-timeout"),
+            clusters_config: f.get_string("clusters-config"),
         }
     }
 
@@ -611,8 +623,11 @@ impl ServerFlags {
                     return Err(Error::TlsWithUds(flag));
                 }
             }
-        } else if self.server_ca_cert.is_empty() {
+        } else if self.server_ca_cert.is_empty() && self.clusters_config.is_empty() {
             return Err(Error::TcpFrontendNeedsCa);
+        }
+        if !self.clusters_config.is_empty() {
+            self.check_clusters_config()?;
         }
 
         let ports = [
@@ -760,9 +775,41 @@ impl ServerFlags {
                 backend_dial_timeout
             },
             reverse: self.reverse()?,
+            clusters_config: non_empty_path(&self.clusters_config),
             engine,
             warnings,
         })
+    }
+
+    /// With `--clusters-config`, the flags that become per-cluster settings
+    /// must not be given (the server-wide ones stay: ports, TLS version and
+    /// suites, keepalives, --cluster-cert/--cluster-key as the default
+    /// serving certificate, strategies and limits as defaults).
+    fn check_clusters_config(&self) -> Result<(), Error> {
+        check_exists("clusters-config", &self.clusters_config)?;
+        for (flag, set) in [
+            ("uds-name", !self.uds_name.is_empty()),
+            ("server-cert", !self.server_cert.is_empty()),
+            ("server-key", !self.server_key.is_empty()),
+            ("server-ca-cert", !self.server_ca_cert.is_empty()),
+            ("cluster-ca-cert", !self.cluster_ca_cert.is_empty()),
+            ("agent-namespace", !self.agent_namespace.is_empty()),
+            (
+                "agent-service-account",
+                !self.agent_service_account.is_empty(),
+            ),
+            (
+                "authentication-audience",
+                !self.authentication_audience.is_empty(),
+            ),
+            ("enable-lease-controller", self.enable_lease_controller),
+            ("allowed-destination", !self.allowed_destination.is_empty()),
+        ] {
+            if set {
+                return Err(Error::ClustersConfigConflict(flag));
+            }
+        }
+        Ok(())
     }
 
     /// The KEP-2025 flags, checked: every `--allowed-destination` parses
@@ -995,6 +1042,8 @@ pub struct ServerOptions {
     pub backend_dial_timeout: Duration,
     /// KEP-2025: what agents may reach in the control plane.
     pub reverse: ReverseOptions,
+    /// `--clusters-config`: many clusters on this server.
+    pub clusters_config: Option<PathBuf>,
     /// konn's engine flags.
     pub engine: EngineFlags,
     /// Things accepted with a caveat; the binary logs each as a warning.

@@ -30,17 +30,26 @@ use konn_protocol::server::backends::BackendId;
 use konn_protocol::server::router::ReverseRefusal;
 use monoio::net::TcpStream;
 
+use crate::cluster::Cluster;
 use crate::connect::{ConnectFrontend, Sock, Wire, relay_established};
 use crate::settings::AllowedDestination;
 use crate::worker::{FrontendRef, Stop, Worker};
 
 /// Dial destination `target` for reverse dial `random` of `backend`, then
 /// serve the connection until either side ends it. Runs as a task of the
-/// backend's worker.
-pub async fn dial_and_serve(worker: Rc<Worker>, backend: BackendId, random: i64, target: usize) {
-    let Some(dest) = worker.settings.reverse.destinations.get(target).cloned() else {
+/// backend's worker; `target` indexes the backend's cluster's allow-list.
+pub async fn dial_and_serve(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    backend: BackendId,
+    random: i64,
+    target: usize,
+) {
+    let reverse = &cluster.settings.reverse;
+    let Some(dest) = reverse.destinations.get(target).cloned() else {
         fail(
             &worker,
+            &cluster,
             backend,
             random,
             ReverseRefusal::NotAllowed,
@@ -48,19 +57,20 @@ pub async fn dial_and_serve(worker: Rc<Worker>, backend: BackendId, random: i64,
         );
         return;
     };
-    let timeout = worker.settings.reverse.dial_timeout;
+    let timeout = reverse.dial_timeout;
     let sock = match monoio::time::timeout(timeout, connect(&dest)).await {
         Ok(Ok(sock)) => sock,
         Ok(Err(why)) => {
-            fail(&worker, backend, random, why, &dest.key);
+            fail(&worker, &cluster, backend, random, why, &dest.key);
             return;
         }
         Err(_) => {
-            fail(&worker, backend, random, ReverseRefusal::Timeout, &dest.key);
+            let why = ReverseRefusal::Timeout;
+            fail(&worker, &cluster, backend, random, why, &dest.key);
             return;
         }
     };
-    serve(worker, backend, random, sock).await;
+    serve(worker, cluster, backend, random, sock).await;
 }
 
 /// Resolve (names only), check, connect, and check the peer.
@@ -133,20 +143,33 @@ fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
     None
 }
 
-fn fail(worker: &Worker, backend: BackendId, random: i64, why: ReverseRefusal, what: &str) {
+fn fail(
+    worker: &Worker,
+    cluster: &Cluster,
+    backend: BackendId,
+    random: i64,
+    why: ReverseRefusal,
+    what: &str,
+) {
     tracing::debug!(backend, destination = %what, reason = why.label(), "reverse dial failed");
-    worker
+    cluster
         .router
         .borrow_mut()
         .reverse_dial_failed(backend, random, why);
-    worker.apply();
-    worker.publish();
+    cluster.apply(worker);
+    cluster.publish(worker);
 }
 
 /// Serve the dialled connection as a frontend of this worker.
-async fn serve(worker: Rc<Worker>, backend: BackendId, random: i64, sock: TcpStream) {
+async fn serve(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    backend: BackendId,
+    random: i64,
+    sock: TcpStream,
+) {
     let fid = worker.next_id();
-    let Some(connect_id) = worker
+    let Some(connect_id) = cluster
         .router
         .borrow_mut()
         .reverse_dialed(backend, random, fid)
@@ -156,7 +179,8 @@ async fn serve(worker: Rc<Worker>, backend: BackendId, random: i64, sock: TcpStr
     };
     let cf = Rc::new(ConnectFrontend::new());
     let weak = Rc::downgrade(&cf);
-    worker.track(
+    cluster.track(
+        &worker,
         fid,
         Box::new(move |how| {
             if let (Stop::Now, Some(cf)) = (how, weak.upgrade()) {
@@ -164,15 +188,15 @@ async fn serve(worker: Rc<Worker>, backend: BackendId, random: i64, sock: TcpStr
             }
         }),
     );
-    worker
+    cluster
         .frontends
         .borrow_mut()
         .insert(fid, FrontendRef::Connect(cf.clone()));
-    worker.metrics.reverse_connections().inc();
+    cluster.metrics.reverse_connections().inc();
     cf.set_reverse();
     cf.established(backend, connect_id);
-    worker.apply();
-    worker.publish();
+    cluster.apply(&worker);
+    cluster.publish(&worker);
     tracing::debug!(
         frontend = fid,
         backend,
@@ -180,14 +204,22 @@ async fn serve(worker: Rc<Worker>, backend: BackendId, random: i64, sock: TcpStr
         "reverse connection established"
     );
     let mut wire = Wire::new(Sock::Tcp(sock), None, BytesMut::new());
-    relay_established(&worker, fid, &cf, &mut wire, (backend, connect_id)).await;
-    worker.frontends.borrow_mut().remove(&fid);
-    worker.router.borrow_mut().frontend_gone(fid);
-    worker.apply();
-    worker.publish();
+    relay_established(
+        &worker,
+        &cluster,
+        fid,
+        &cf,
+        &mut wire,
+        (backend, connect_id),
+    )
+    .await;
+    cluster.frontends.borrow_mut().remove(&fid);
+    cluster.router.borrow_mut().frontend_gone(fid);
+    cluster.apply(&worker);
+    cluster.publish(&worker);
     wire.close().await;
-    worker.connections.borrow_mut().remove(&fid);
-    worker.metrics.reverse_connections().dec();
+    cluster.untrack(&worker, fid);
+    cluster.metrics.reverse_connections().dec();
 }
 
 #[cfg(test)]

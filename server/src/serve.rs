@@ -30,9 +30,7 @@ use konn_core::Error;
 use konn_core::http1;
 use konn_core::io::driver::{ConnHandle, Handler};
 use konn_core::io::listen::bind_tcp;
-use konn_core::io::listen::{
-    TcpListeners, UnixListenOptions, accept_loop, bind_unix, tcp_into_monoio, unix_into_monoio,
-};
+use konn_core::io::listen::{TcpListeners, accept_loop, tcp_into_monoio, unix_into_monoio};
 use konn_core::io::runtime::{Either, StopToken, Stopper, WorkerCtx, Workers, race};
 use konn_core::io::sock::ReadReady;
 use konn_core::io::tls::TlsLayer;
@@ -48,14 +46,15 @@ use std::time::Duration;
 use crossbeam_utils::atomic::AtomicCell;
 
 use crate::agents::AgentConn;
+use crate::cluster::{Cluster, ClusterId};
+pub use crate::clusters::reload::{ClusterListeners, ClusterStart};
+use crate::clusters::reload::{Control, ReloadSummary, WATCH_INTERVAL, Watcher};
 use crate::connect::{Head, Sock, Wire, read_head, serve_connect};
 use crate::frontend::{FrontendConn, Plan};
-use crate::health::{BackendIdentifiers, BackendInfo};
+use crate::health::{BackendIdentifiers, BackendInfo, ClusterBackends};
 use crate::metrics::{ServerMetrics, Strategy as MetricStrategy};
-use crate::settings::{FrontendListen, Mode, ServerSettings};
+use crate::settings::{Mode, ServerSettings};
 use crate::worker::{Msg, Outbox, Shared, Stop, Worker};
-use konn_protocol::server::backends::Directory;
-use konn_protocol::server::router::{Router, RouterConfig};
 
 /// A socket in transit between workers.
 pub enum MovingFd {
@@ -67,6 +66,8 @@ pub enum MovingFd {
 
 /// A frontend connection moving to another worker.
 pub struct Migrant {
+    /// Its cluster (the same on every worker).
+    pub cluster: ClusterId,
     /// Its socket.
     pub fd: MovingFd,
     /// Its state.
@@ -109,9 +110,62 @@ pub struct ServerHandle {
     metrics: ServerMetrics,
     listen_stop: Stopper,
     kube: Option<crate::kube::KubeServices>,
+    /// With `--clusters-config`: the running clusters (until watching
+    /// starts) or their watcher.
+    control: Option<Control>,
+    watcher: Option<Watcher>,
 }
 
 impl ServerHandle {
+    /// With `--clusters-config`: each cluster's frontend, name → (TCP
+    /// address, Unix socket path). Only before [`ServerHandle::watch`].
+    pub fn cluster_frontends(&self) -> Vec<(String, Option<SocketAddr>, Option<PathBuf>)> {
+        self.control
+            .as_ref()
+            .map(Control::frontends)
+            .unwrap_or_default()
+    }
+
+    /// With `--clusters-config`: read the file again and apply it now (see
+    /// `crate::clusters::reload`). Only before [`ServerHandle::watch`].
+    ///
+    /// # Errors
+    ///
+    /// Why the file was refused (the running clusters are kept).
+    pub fn reload(&mut self) -> Result<ReloadSummary, String> {
+        match &mut self.control {
+            Some(c) => c.reload(),
+            None => Err("no --clusters-config, or it is being watched".to_owned()),
+        }
+    }
+
+    /// With `--clusters-config`: reload on [`ServerHandle::poke_reload`]
+    /// and whenever the file changes (checked every `interval`; `None`:
+    /// every second), on a thread of its own.
+    ///
+    /// # Errors
+    ///
+    /// The thread cannot start.
+    pub fn watch(&mut self, interval: Option<Duration>) -> std::io::Result<()> {
+        if let Some(c) = self.control.take() {
+            self.watcher = Some(Watcher::start(c, interval.unwrap_or(WATCH_INTERVAL))?);
+        }
+        Ok(())
+    }
+
+    /// Something any thread can send `false` to, to reload now (SIGHUP),
+    /// once watching.
+    pub fn reload_poker(&self) -> Option<std::sync::mpsc::Sender<bool>> {
+        self.watcher.as_ref().and_then(Watcher::poker)
+    }
+
+    /// Reload now (SIGHUP), once watching.
+    pub fn poke_reload(&self) {
+        if let Some(w) = &self.watcher {
+            w.poke();
+        }
+    }
+
     /// The agent port's bound address.
     pub fn agent_addr(&self) -> SocketAddr {
         self.agent_addr
@@ -190,6 +244,13 @@ impl ServerHandle {
         if let Some(k) = self.kube.take() {
             k.stop();
         }
+        let control = match self.watcher.take() {
+            Some(w) => w.stop(),
+            None => self.control.take(),
+        };
+        if let Some(mut c) = control {
+            c.stop();
+        }
         r
     }
 }
@@ -200,11 +261,10 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Listeners created before the workers start, handed out per worker.
+/// Listeners created before the workers start, handed out per worker
+/// (the clusters' frontends are in their [`ClusterStart`]s).
 struct Listeners {
     agent: TcpListeners,
-    frontend_tcp: Option<TcpListeners>,
-    frontend_unix: Option<std::os::unix::net::UnixListener>,
     health: AtomicCell<Option<std::net::TcpListener>>,
     admin: AtomicCell<Option<std::net::TcpListener>>,
 }
@@ -214,26 +274,6 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
     let workers = settings.runtime.workers.max(1);
     let agent = TcpListeners::bind(settings.agent_addr, workers, 1024)?;
     let agent_addr = agent.local_addr();
-    let (frontend_tcp, frontend_unix, frontend_addr, frontend_path) = match &settings.frontend {
-        FrontendListen::Tcp(addr) => {
-            let l = TcpListeners::bind(*addr, workers, 1024)?;
-            let a = l.local_addr();
-            (Some(l), None, Some(a), None)
-        }
-        FrontendListen::Unix(path) => {
-            let opts = UnixListenOptions {
-                remove_existing: settings.delete_existing_uds,
-                mode: 0o770,
-                backlog: 1024,
-            };
-            (
-                None,
-                Some(bind_unix(path, &opts)?),
-                None,
-                Some(path.clone()),
-            )
-        }
-    };
     let bind_http = |addr: Option<SocketAddr>| -> Result<Option<std::net::TcpListener>, Error> {
         addr.map(|a| bind_tcp(a, 128, false)).transpose()
     };
@@ -243,22 +283,54 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let listeners = Arc::new(Listeners {
         agent,
-        frontend_tcp,
-        frontend_unix,
         health: AtomicCell::new(health),
         admin: AtomicCell::new(admin),
     });
-    let metrics = ServerMetrics::new(workers);
-    for s in &settings.strategies {
-        metrics.init_backend_storage(metric_strategy(*s));
-    }
-    metrics.init_connect_channels();
-    let kube = settings
-        .kubernetes
-        .as_ref()
-        .map(|k| crate::kube::KubeServices::start(k, &metrics))
-        .transpose()?;
-    let reviewer = kube.as_ref().and_then(|k| k.reviewer());
+    let (metrics, kube, mut control, starts) = match &settings.clusters {
+        // One cluster from the flags: upstream's server, one registry.
+        None => {
+            let metrics = ServerMetrics::new(workers);
+            for s in &settings.strategies {
+                metrics.init_backend_storage(metric_strategy(*s));
+            }
+            metrics.init_connect_channels();
+            let kube = settings
+                .kubernetes
+                .as_ref()
+                .map(|k| crate::kube::KubeServices::start(k, &metrics))
+                .transpose()?;
+            let cluster = settings.implicit_cluster();
+            let listeners = ClusterListeners::bind(
+                &cluster.frontend.listen,
+                cluster.frontend.delete_existing_uds,
+                workers,
+            )?;
+            let start = ClusterStart {
+                id: 1,
+                settings: Arc::new(cluster),
+                listeners: Arc::new(listeners),
+                metrics: metrics.clone(),
+                reviewer: kube.as_ref().and_then(|k| k.reviewer()),
+            };
+            (metrics, kube, None, vec![start])
+        }
+        Some(source) => {
+            let metrics = ServerMetrics::process(workers);
+            let mut control = Control::new(
+                source.path.clone(),
+                source.defaults.clone(),
+                workers,
+                metrics.clone(),
+            );
+            let starts = control.initial(source.initial.clone())?;
+            (metrics, None, Some(control), starts)
+        }
+    };
+    let (frontend_addr, frontend_path) = starts
+        .first()
+        .map(|s| (s.listeners.addr, s.listeners.path.clone()))
+        .unwrap_or_default();
+    let starts = Arc::new(starts);
     let shared = Arc::new(Shared::default());
     let settings = Arc::new(settings);
     let listen_stop = Stopper::new();
@@ -270,12 +342,15 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
             ctx,
             settings.clone(),
             listeners.clone(),
+            starts.clone(),
             shared2.clone(),
             metrics2.clone(),
             stop2.clone(),
-            reviewer.clone(),
         )
     })?;
+    if let Some(c) = &mut control {
+        c.set_mesh(workers.mesh().clone());
+    }
     Ok(ServerHandle {
         workers: Some(workers),
         agent_addr,
@@ -287,6 +362,8 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
         metrics,
         listen_stop,
         kube,
+        control,
+        watcher: None,
     })
 }
 
@@ -303,57 +380,25 @@ async fn worker_main(
     mut ctx: WorkerCtx<Msg>,
     settings: Arc<ServerSettings>,
     listeners: Arc<Listeners>,
+    starts: Arc<Vec<ClusterStart>>,
     shared: Arc<Shared>,
     metrics: ServerMetrics,
     listen_stop: Stopper,
-    reviewer: Option<(konn_core::kube::review::TokenReviewer, Duration)>,
 ) {
     let index = ctx.index();
-    let router = Router::new(
-        RouterConfig {
-            core: index,
-            ..settings.router.clone()
-        },
-        Directory::new(settings.strategies.clone()),
-    );
     let seed =
         (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id());
-    let Some(core_metrics) = metrics.core(index) else {
-        tracing::error!(worker = index, "no metrics slab for this worker");
-        return;
-    };
     let worker = Rc::new(Worker::new(
         index,
-        router,
+        ctx.workers(),
         settings.clone(),
         ctx.pool().clone(),
         shared,
         seed,
-        core_metrics,
         metrics.clone(),
         ctx.mesh().clone(),
     ));
     worker.set_self();
-    if let Some((reviewer, timeout)) = reviewer {
-        let auth = crate::auth::Auth::new(reviewer, ctx.mesh().clone(), index, timeout);
-        let _ = worker.auth.set(auth);
-    }
-    let workers = ctx.workers();
-    let w = Rc::downgrade(&worker);
-    let announce: Rc<dyn Fn(Msg)> = Rc::new(move |msg: Msg| {
-        let Some(w) = w.upgrade() else { return };
-        for to in (0..workers).filter(|w| *w != index) {
-            let copy = match &msg {
-                Msg::BackendUp(e, l) => Msg::BackendUp(e.clone(), l.clone()),
-                Msg::BackendDown(b) => Msg::BackendDown(*b),
-                Msg::BackendDraining(b) => Msg::BackendDraining(*b),
-                _ => return,
-            };
-            if w.out.send(to, copy).is_err() {
-                tracing::debug!(worker = to, "stopped worker not told of a backend change");
-            }
-        }
-    });
     // Listeners stop on a graceful shutdown; the worker itself on stop.
     let stop = listen_stop.token();
     let worker_stop = ctx.stop_token().clone();
@@ -370,17 +415,17 @@ async fn worker_main(
         .take(index)
         .and_then(|l| tcp_into_monoio(l).ok())
     {
-        let (w, a, s) = (worker.clone(), announce.clone(), stop.clone());
+        let (w, s) = (worker.clone(), stop.clone());
         worker.spawn(async move {
             let _ = accept_loop(&l, &s, |sock: TcpStream| {
                 let _ = sock.set_nodelay(true);
-                w.spawn(serve_agent(w.clone(), sock, a.clone()));
+                w.spawn(serve_agent(w.clone(), sock));
             })
             .await;
         });
     }
 
-    // Frontend.
+    // Frontends, one listener per cluster.
     let w = Rc::downgrade(&worker);
     let migrate: Rc<dyn Fn(usize, Migrant)> = Rc::new(move |to, m| {
         let Some(w) = w.upgrade() else { return };
@@ -389,41 +434,24 @@ async fn worker_main(
             tracing::debug!(worker = to, "frontend not handed to a stopped worker");
         }
     });
-    if let Some(tcp) = &listeners.frontend_tcp
-        && let Some(l) = tcp.take(index).and_then(|l| tcp_into_monoio(l).ok())
-    {
-        let (w, m, s) = (worker.clone(), migrate.clone(), stop.clone());
-        worker.spawn(async move {
-            let _ = accept_loop(&l, &s, |sock: TcpStream| {
-                let _ = sock.set_nodelay(true);
-                w.spawn(serve_frontend(w.clone(), FrontSock::Tcp(sock), m.clone()));
-            })
-            .await;
-        });
-    }
-    if let Some(unix) = &listeners.frontend_unix
-        && let Some(l) = unix.try_clone().ok().and_then(|l| unix_into_monoio(l).ok())
-    {
-        let (w, m, s) = (worker.clone(), migrate.clone(), stop.clone());
-        worker.spawn(async move {
-            let _ = accept_loop(&l, &s, |sock: UnixStream| {
-                w.spawn(serve_frontend(w.clone(), FrontSock::Unix(sock), m.clone()));
-            })
-            .await;
-        });
+    for start in starts.iter() {
+        start_cluster(&worker, start, &stop, &migrate);
     }
 
     // Cross-core messages until stopped.
     if let Some(mut inbox) = ctx.take_inbox() {
         let w = worker.clone();
         let m = migrate.clone();
+        let s = stop.clone();
         inbox
             .serve(&worker_stop, 64, move |msg| match msg {
+                Msg::Cluster { cluster, msg } => w.cluster_message(cluster, msg),
                 Msg::Adopt(m2) => {
                     w.spawn(adopt(w.clone(), *m2, m.clone()));
                 }
                 Msg::Shutdown => stop_connections(&w, Stop::Graceful),
-                other => w.on_message(other),
+                Msg::ClusterUp(start) => start_cluster(&w, &start, &s, &m),
+                Msg::ClusterDown(id) => w.remove_cluster(id),
             })
             .await;
     } else {
@@ -455,6 +483,79 @@ async fn worker_main(
     }
 }
 
+/// Serve a cluster on this worker: its state, its frontend listener.
+fn start_cluster(
+    worker: &Rc<Worker>,
+    start: &ClusterStart,
+    stop: &StopToken,
+    migrate: &Rc<dyn Fn(usize, Migrant)>,
+) {
+    let index = worker.index;
+    let Some(core_metrics) = start.metrics.core(index) else {
+        tracing::error!(worker = index, "no metrics slab for this worker");
+        return;
+    };
+    let auth = start.reviewer.clone().map(|(reviewer, timeout)| {
+        crate::auth::Auth::new(reviewer, worker.mesh.clone(), index, start.id, timeout)
+    });
+    let cluster = Cluster::new(
+        start.id,
+        index,
+        start.settings.clone(),
+        core_metrics,
+        start.metrics.clone(),
+        auth,
+    );
+    worker.add_cluster(cluster.clone());
+    if let Some(l) = start
+        .listeners
+        .take_tcp(index)
+        .and_then(|l| tcp_into_monoio(l).ok())
+    {
+        let (w, c, m, s) = (
+            worker.clone(),
+            cluster.clone(),
+            migrate.clone(),
+            stop.clone(),
+        );
+        worker.spawn(async move {
+            let accept = accept_loop(&l, &s, |sock: TcpStream| {
+                let _ = sock.set_nodelay(true);
+                w.spawn(serve_frontend(
+                    w.clone(),
+                    c.clone(),
+                    FrontSock::Tcp(sock),
+                    m.clone(),
+                ));
+            });
+            let _ = race(accept, c.stopping.wait()).await;
+        });
+    }
+    if let Some(l) = start
+        .listeners
+        .unix()
+        .and_then(|l| unix_into_monoio(l).ok())
+    {
+        let (w, c, m, s) = (
+            worker.clone(),
+            cluster.clone(),
+            migrate.clone(),
+            stop.clone(),
+        );
+        worker.spawn(async move {
+            let accept = accept_loop(&l, &s, |sock: UnixStream| {
+                w.spawn(serve_frontend(
+                    w.clone(),
+                    c.clone(),
+                    FrontSock::Unix(sock),
+                    m.clone(),
+                ));
+            });
+            let _ = race(accept, c.stopping.wait()).await;
+        });
+    }
+}
+
 /// How long a stopping worker waits for its tasks to end.
 const STOP_WAIT: Duration = Duration::from_secs(2);
 
@@ -467,10 +568,16 @@ const TIMER_TICK: Duration = Duration::from_secs(1);
 async fn router_timer(worker: Rc<Worker>) {
     while !worker.stopped.get() {
         let now = konn_core::io::clock::now();
-        worker.router.borrow_mut().handle_timeout(now);
-        worker.apply();
-        worker.publish();
-        let next = worker.router.borrow().poll_timeout();
+        let clusters: Vec<Rc<Cluster>> = worker.clusters.borrow().values().cloned().collect();
+        let mut next: Option<std::time::Instant> = None;
+        for c in clusters {
+            c.router.borrow_mut().handle_timeout(now);
+            c.apply(&worker);
+            c.publish(&worker);
+            if let Some(t) = c.router.borrow().poll_timeout() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
         let wait = next.map_or(TIMER_TICK, |d| {
             d.saturating_duration_since(now)
                 .clamp(Duration::from_millis(1), TIMER_TICK)
@@ -494,71 +601,148 @@ fn stop_connections(worker: &Worker, how: Stop) {
     }
 }
 
+/// One cluster's agents as `/debug/backends` shows them.
+fn backend_infos(cluster: &Cluster) -> Vec<BackendInfo> {
+    let router = cluster.router.borrow();
+    let loads = cluster.loads.borrow();
+    router
+        .directory()
+        .entries()
+        .map(|e| {
+            let (open, pending) = loads.get(&e.id).map_or((0, 0), |l| l.get());
+            BackendInfo {
+                agent_id: e.agent_id.clone(),
+                identifiers: BackendIdentifiers {
+                    host: e.identifiers.host.clone(),
+                    ipv4: e.identifiers.ipv4.clone(),
+                    ipv6: e.identifiers.ipv6.clone(),
+                    cidr: e.identifiers.cidr.clone(),
+                    default_route: e.identifiers.default_route,
+                },
+                draining: e.draining,
+                connections_open: open,
+                connections_pending: pending,
+                worker: e.core,
+            }
+        })
+        .collect()
+}
+
+/// The health and admin endpoints' view of a server with
+/// `--clusters-config` (its directory replicas are complete on every
+/// worker).
+struct WorkerView(Rc<Worker>);
+
+impl WorkerView {
+    fn sorted(&self) -> Vec<Rc<Cluster>> {
+        let mut all: Vec<Rc<Cluster>> = self.0.clusters.borrow().values().cloned().collect();
+        all.sort_by(|a, b| a.name().cmp(b.name()));
+        all
+    }
+}
+
+impl crate::health::ClustersView for WorkerView {
+    fn ready(&self) -> Result<(), String> {
+        if self.0.shared.shutting_down.load(Ordering::Relaxed) {
+            Err(crate::health::NOT_READY.to_owned())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn cluster_ready(&self, name: &str) -> Option<Result<(), String>> {
+        let all = self.sorted();
+        let c = all.iter().find(|c| c.name() == name)?;
+        let ready = !self.0.shared.shutting_down.load(Ordering::Relaxed)
+            && c.router.borrow().directory().is_ready();
+        Some(if ready {
+            Ok(())
+        } else {
+            Err(crate::health::NOT_READY.to_owned())
+        })
+    }
+
+    fn scrape(&self) -> Vec<u8> {
+        let all = self.sorted();
+        let parts: Vec<(&str, &ServerMetrics)> =
+            all.iter().map(|c| (c.name(), &c.all_metrics)).collect();
+        self.0.all_metrics.scrape(&parts)
+    }
+
+    fn backends(&self) -> Vec<ClusterBackends> {
+        self.sorted()
+            .iter()
+            .map(|c| ClusterBackends {
+                name: c.name().to_owned(),
+                agents: backend_infos(c),
+            })
+            .collect()
+    }
+}
+
 /// Health and admin HTTP servers (on the worker that gets the listeners).
 fn serve_http(worker: &Rc<Worker>, listeners: &Listeners, stop: &StopToken) {
+    let multi = worker.settings.multi_cluster();
+    let profiling = worker.settings.enable_profiling;
+    let view: Rc<dyn crate::health::ClustersView> = Rc::new(WorkerView(worker.clone()));
     let registry = worker.all_metrics.registry().clone();
+    let serve = |l: monoio::net::TcpListener, router: http1::Router| {
+        let stop = stop.clone();
+        let router = Rc::new(router);
+        worker.spawn(async move {
+            let _ = http1::serve(&l, &stop, router, Rc::new(http1::Config::default())).await;
+        });
+    };
     if let Some(l) = listeners
         .health
         .take()
         .and_then(|l| tcp_into_monoio(l).ok())
     {
-        let w = worker.clone();
-        let readiness = move || {
-            let ready = !w.shared.shutting_down.load(Ordering::Relaxed)
-                && w.router.borrow().directory().is_ready();
-            if ready {
-                Ok(())
-            } else {
-                Err(crate::health::NOT_READY.to_owned())
-            }
+        let router = if multi {
+            crate::health::health_router_clusters(view.clone())
+        } else {
+            let w = worker.clone();
+            let readiness = move || {
+                let ready = !w.shared.shutting_down.load(Ordering::Relaxed)
+                    && w.first_cluster()
+                        .is_some_and(|c| c.router.borrow().directory().is_ready());
+                if ready {
+                    Ok(())
+                } else {
+                    Err(crate::health::NOT_READY.to_owned())
+                }
+            };
+            crate::health::health_router(readiness, registry.clone())
         };
-        let router = Rc::new(crate::health::health_router(readiness, registry.clone()));
-        let stop = stop.clone();
-        worker.spawn(async move {
-            let _ = http1::serve(&l, &stop, router, Rc::new(http1::Config::default())).await;
-        });
+        serve(l, router);
     }
     if let Some(l) = listeners.admin.take().and_then(|l| tcp_into_monoio(l).ok()) {
-        let w = worker.clone();
-        let backends = move || {
-            let router = w.router.borrow();
-            let loads = w.loads.borrow();
-            router
-                .directory()
-                .entries()
-                .map(|e| {
-                    let (open, pending) = loads.get(&e.id).map_or((0, 0), |l| l.get());
-                    BackendInfo {
-                        agent_id: e.agent_id.clone(),
-                        identifiers: BackendIdentifiers {
-                            host: e.identifiers.host.clone(),
-                            ipv4: e.identifiers.ipv4.clone(),
-                            ipv6: e.identifiers.ipv6.clone(),
-                            cidr: e.identifiers.cidr.clone(),
-                            default_route: e.identifiers.default_route,
-                        },
-                        draining: e.draining,
-                        connections_open: open,
-                        connections_pending: pending,
-                        worker: e.core,
-                    }
-                })
-                .collect()
+        let router = if multi {
+            crate::health::admin_router_clusters(view, profiling)
+        } else {
+            let w = worker.clone();
+            let backends = move || {
+                w.first_cluster()
+                    .map(|c| backend_infos(&c))
+                    .unwrap_or_default()
+            };
+            crate::health::admin_router(registry, backends, profiling)
         };
-        let profiling = worker.settings.enable_profiling;
-        let router = Rc::new(crate::health::admin_router(registry, backends, profiling));
-        let stop = stop.clone();
-        worker.spawn(async move {
-            let _ = http1::serve(&l, &stop, router, Rc::new(http1::Config::default())).await;
-        });
+        serve(l, router);
     }
 }
 
-/// Remember a connection for a graceful shutdown; forget it when it ends.
-fn register<H: Handler<Grpc> + 'static>(worker: &Worker, handle: &ConnHandle<Grpc, H>) -> u64 {
+/// Remember a connection of `cluster` for a graceful shutdown and for the
+/// cluster's removal; [`Cluster::untrack`] it when it ends.
+fn register<H: Handler<Grpc> + 'static>(
+    worker: &Worker,
+    cluster: &Cluster,
+    handle: &ConnHandle<Grpc, H>,
+) -> u64 {
     let id = worker.next_id();
     let weak = handle.downgrade();
-    worker.track(
+    cluster.track(
+        worker,
         id,
         Box::new(move |how| {
             if let Some(h) = weak.upgrade() {
@@ -572,9 +756,99 @@ fn register<H: Handler<Grpc> + 'static>(worker: &Worker, handle: &ConnHandle<Grp
     id
 }
 
-async fn serve_agent(worker: Rc<Worker>, sock: TcpStream, announce: Rc<dyn Fn(Msg)>) {
+/// Why an agent connection was refused before TLS (the `reason` label of
+/// `konn_server_agent_sni_refusals_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SniRefusal {
+    NoServerName,
+    UnknownServerName,
+    NotTls,
+    Timeout,
+}
+
+impl SniRefusal {
+    const fn label(self) -> &'static str {
+        match self {
+            Self::NoServerName => "no_server_name",
+            Self::UnknownServerName => "unknown_server_name",
+            Self::NotTls => "not_tls",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+/// With `--clusters-config`: read the ClientHello (within the TLS
+/// handshake deadline), and pick the cluster its server name selects.
+/// Returns the cluster and the bytes read, for the TLS layer to start
+/// from.
+async fn admit_by_sni(
+    worker: &Worker,
+    sock: &mut TcpStream,
+) -> Result<(Rc<Cluster>, BytesMut), SniRefusal> {
+    let peek = async {
+        let mut hello = konn_core::io::tls::ClientHelloPeek::new();
+        let mut seen = BytesMut::new();
+        loop {
+            let buf = Vec::with_capacity(4096);
+            let (r, buf) = sock.read(buf).await;
+            match r {
+                Ok(n) if n > 0 => {}
+                _ => return Err(SniRefusal::NotTls),
+            }
+            seen.extend_from_slice(&buf);
+            match hello.feed(&buf) {
+                Ok(Some(h)) => return Ok((h.server_name, seen)),
+                Ok(None) => {}
+                Err(_) => return Err(SniRefusal::NotTls),
+            }
+        }
+    };
+    let deadline = konn_core::io::tls::DEFAULT_HANDSHAKE_TIMEOUT;
+    let (name, seen) = match race(
+        monoio::time::timeout(deadline, peek),
+        worker.stopping.wait(),
+    )
+    .await
+    {
+        Either::Left(Ok(r)) => r?,
+        Either::Left(Err(_)) | Either::Right(()) => return Err(SniRefusal::Timeout),
+    };
+    let name = name.ok_or(SniRefusal::NoServerName)?;
+    let cluster = worker.by_sni.borrow().get(&name).cloned();
+    match cluster {
+        Some(c) => Ok((c, seen)),
+        None => {
+            tracing::debug!(server_name = %name, "agent for no configured cluster");
+            Err(SniRefusal::UnknownServerName)
+        }
+    }
+}
+
+async fn serve_agent(worker: Rc<Worker>, mut sock: TcpStream) {
+    let (cluster, input) = if worker.settings.multi_cluster() {
+        match admit_by_sni(&worker, &mut sock).await {
+            Ok(admitted) => admitted,
+            Err(why) => {
+                tracing::debug!(reason = why.label(), "agent connection refused before TLS");
+                worker.all_metrics.sni_refusal(why.label());
+                return;
+            }
+        }
+    } else {
+        match worker.first_cluster() {
+            Some(c) => (c, BytesMut::new()),
+            None => return,
+        }
+    };
     let s = &worker.settings;
-    let tls = match s.agent_tls.as_ref().map(|t| t.layer()).transpose() {
+    let tls = match cluster
+        .settings
+        .agents
+        .tls
+        .as_ref()
+        .map(|t| t.layer())
+        .transpose()
+    {
         Ok(t) => t,
         Err(e) => {
             tracing::warn!(error = %e, "agent TLS setup failed");
@@ -586,18 +860,18 @@ async fn serve_agent(worker: Rc<Worker>, sock: TcpStream, announce: Rc<dyn Fn(Ms
         s.max_message,
     );
     let outbox = Rc::new(Outbox::new());
-    let handle = ConnHandle::new(
-        grpc,
-        tls,
-        AgentConn::new(worker.clone(), outbox.clone(), announce),
-        s.driver,
-    );
+    let handler = AgentConn::new(worker.clone(), cluster.clone(), outbox.clone());
+    let handle = if input.is_empty() {
+        ConnHandle::new(grpc, tls, handler, s.driver)
+    } else {
+        ConnHandle::resume(grpc, tls, (input, BytesMut::new()), handler, s.driver)
+    };
     install_poke(&outbox, &handle);
-    let id = register(&worker, &handle);
+    let id = register(&worker, &cluster, &handle);
     if let Err(e) = handle.run(sock).await {
         tracing::debug!(error = %e, "agent connection ended");
     }
-    worker.connections.borrow_mut().remove(&id);
+    cluster.untrack(&worker, id);
 }
 
 /// The outbox of a connection flushes itself by poking its driver.
@@ -616,9 +890,15 @@ enum FrontSock {
     Unix(UnixStream),
 }
 
-async fn serve_frontend(worker: Rc<Worker>, sock: FrontSock, migrate: Rc<dyn Fn(usize, Migrant)>) {
+async fn serve_frontend(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    sock: FrontSock,
+    migrate: Rc<dyn Fn(usize, Migrant)>,
+) {
     let s = worker.settings.clone();
-    let tls = match (&sock, s.frontend_tls.as_ref()) {
+    let fe = &cluster.settings.frontend;
+    let tls = match (&sock, fe.tls.as_ref()) {
         (FrontSock::Tcp(_), Some(t)) => match t.layer() {
             Ok(l) => Some(l),
             Err(e) => {
@@ -628,15 +908,20 @@ async fn serve_frontend(worker: Rc<Worker>, sock: FrontSock, migrate: Rc<dyn Fn(
         },
         _ => None,
     };
-    match s.mode {
+    match fe.mode {
         Mode::Grpc => {
             let grpc = Grpc::new(
                 Connection::new(s.frontend_h2(), konn_core::io::clock::now()),
                 s.max_message,
             );
+            let c = cluster;
             match sock {
-                FrontSock::Tcp(t) => run_grpc_frontend(worker, t, grpc, tls, None, migrate).await,
-                FrontSock::Unix(u) => run_grpc_frontend(worker, u, grpc, tls, None, migrate).await,
+                FrontSock::Tcp(t) => {
+                    run_grpc_frontend(worker, c, t, grpc, tls, None, migrate).await
+                }
+                FrontSock::Unix(u) => {
+                    run_grpc_frontend(worker, c, u, grpc, tls, None, migrate).await
+                }
             }
         }
         Mode::HttpConnect => {
@@ -650,7 +935,7 @@ async fn serve_frontend(worker: Rc<Worker>, sock: FrontSock, migrate: Rc<dyn Fn(
             );
             // Boxed: the CONNECT state is larger than the gRPC one and
             // would otherwise size every gRPC frontend's task.
-            Box::pin(connect_frontend(worker, wire, migrate)).await;
+            Box::pin(connect_frontend(worker, cluster, wire, migrate)).await;
         }
     }
 }
@@ -683,6 +968,7 @@ impl Movable for UnixStream {
 /// per idle connection).
 fn run_grpc_frontend<IO: Movable>(
     worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
     io: IO,
     grpc: Grpc,
     tls: Option<TlsLayer>,
@@ -692,7 +978,12 @@ fn run_grpc_frontend<IO: Movable>(
     let s = worker.settings.clone();
     let outbox = Rc::new(Outbox::new());
     let plan = Rc::new(RefCell::new(None));
-    let mut handler = FrontendConn::new(worker.clone(), outbox.clone(), plan.clone());
+    let mut handler = FrontendConn::new(
+        worker.clone(),
+        cluster.clone(),
+        outbox.clone(),
+        plan.clone(),
+    );
     let (handle, replay) = match resumed {
         Some((input, moved)) => {
             handler.adopt(&moved.streams);
@@ -709,7 +1000,7 @@ fn run_grpc_frontend<IO: Movable>(
     let flag = handle.detach_flag();
     let _ = handle.with(|_, h| h.set_detach_flag(flag));
     install_poke(&outbox, &handle);
-    let id = register(&worker, &handle);
+    let id = register(&worker, &cluster, &handle);
     if !replay.is_empty() {
         let _ = handle.with(|g, h| {
             for ev in replay {
@@ -719,7 +1010,7 @@ fn run_grpc_frontend<IO: Movable>(
     }
     async move {
         let outcome = handle.run_detachable(io).await;
-        worker.connections.borrow_mut().remove(&id);
+        cluster.untrack(&worker, id);
         match outcome {
             Ok(Some(detached)) => {
                 let Some(plan) = plan.borrow_mut().take() else {
@@ -730,6 +1021,7 @@ fn run_grpc_frontend<IO: Movable>(
                     Ok(fd) => migrate(
                         target,
                         Migrant {
+                            cluster: cluster.id,
                             fd,
                             kind: MigrantKind::Grpc {
                                 session: Box::new(detached.session),
@@ -744,6 +1036,7 @@ fn run_grpc_frontend<IO: Movable>(
                         tracing::debug!(error = %e, "frontend connection cannot move; serving it here");
                         let here = run_grpc_frontend(
                             worker.clone(),
+                            cluster.clone(),
                             io,
                             detached.session,
                             detached.tls,
@@ -760,7 +1053,12 @@ fn run_grpc_frontend<IO: Movable>(
     }
 }
 
-async fn connect_frontend(worker: Rc<Worker>, mut wire: Wire, migrate: Rc<dyn Fn(usize, Migrant)>) {
+async fn connect_frontend(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    mut wire: Wire,
+    migrate: Rc<dyn Fn(usize, Migrant)>,
+) {
     if worker.stopped.get() {
         return;
     }
@@ -774,7 +1072,7 @@ async fn connect_frontend(worker: Rc<Worker>, mut wire: Wire, migrate: Rc<dyn Fn
         Either::Left(Head::Done) | Either::Right(()) => return,
     };
     let core = {
-        let router = worker.router.borrow();
+        let router = cluster.router.borrow();
         router
             .directory()
             .pick(&target, worker.random(), worker.index)
@@ -791,6 +1089,7 @@ async fn connect_frontend(worker: Rc<Worker>, mut wire: Wire, migrate: Rc<dyn Fn
                 Ok(fd) => migrate(
                     to,
                     Migrant {
+                        cluster: cluster.id,
                         fd,
                         kind: MigrantKind::Connect { tls, plain, target },
                     },
@@ -798,16 +1097,20 @@ async fn connect_frontend(worker: Rc<Worker>, mut wire: Wire, migrate: Rc<dyn Fn
                 Err((sock, e)) => {
                     // Served here after all; its flow is relayed.
                     tracing::debug!(error = %e, "CONNECT connection cannot move; serving it here");
-                    serve_connect(worker, Wire::new(sock, tls, plain), target).await;
+                    serve_connect(worker, cluster, Wire::new(sock, tls, plain), target).await;
                 }
             }
         }
-        _ => serve_connect(worker, wire, target).await,
+        _ => serve_connect(worker, cluster, wire, target).await,
     }
 }
 
 /// Continue a frontend that moved to this worker.
 async fn adopt(worker: Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, Migrant)>) {
+    // Its cluster was removed meanwhile: the connection closes (dropped).
+    let Some(cluster) = worker.clusters.borrow().get(&m.cluster).cloned() else {
+        return;
+    };
     match (m.fd, m.kind) {
         (
             fd,
@@ -820,15 +1123,15 @@ async fn adopt(worker: Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, Migrant
         ) => match fd {
             MovingFd::Tcp(f) => match f.attach() {
                 Ok(sock) => {
-                    run_grpc_frontend(worker, sock, *session, tls, Some((input, plan)), migrate)
-                        .await
+                    let resumed = Some((input, plan));
+                    run_grpc_frontend(worker, cluster, sock, *session, tls, resumed, migrate).await
                 }
                 Err(e) => tracing::warn!(error = %e, "could not adopt a frontend"),
             },
             MovingFd::Unix(f) => match f.attach() {
                 Ok(sock) => {
-                    run_grpc_frontend(worker, sock, *session, tls, Some((input, plan)), migrate)
-                        .await
+                    let resumed = Some((input, plan));
+                    run_grpc_frontend(worker, cluster, sock, *session, tls, resumed, migrate).await
                 }
                 Err(e) => tracing::warn!(error = %e, "could not adopt a frontend"),
             },
@@ -841,7 +1144,8 @@ async fn adopt(worker: Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, Migrant
             match sock {
                 Ok(sock) => {
                     // Boxed for the reason given in `serve_frontend`.
-                    Box::pin(serve_connect(worker, Wire::new(sock, tls, plain), target)).await
+                    let wire = Wire::new(sock, tls, plain);
+                    Box::pin(serve_connect(worker, cluster, wire, target)).await
                 }
                 Err(e) => tracing::warn!(error = %e, "could not adopt a CONNECT connection"),
             }

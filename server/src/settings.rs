@@ -91,6 +91,21 @@ pub struct ServerSettings {
     pub reverse: ReverseSettings,
     /// Token authentication and the lease controller (`crate::kube`).
     pub kubernetes: Option<crate::kube::Kubernetes>,
+    /// `--clusters-config`: many clusters, each with its own frontend,
+    /// agents and router settings; `None`: one cluster from the flags
+    /// above (upstream's behaviour).
+    pub clusters: Option<ClustersSource>,
+}
+
+/// The `--clusters-config` file and what it held at start.
+#[derive(Clone, Debug)]
+pub struct ClustersSource {
+    /// The file (re-read on SIGHUP and when it changes).
+    pub path: PathBuf,
+    /// What the flags give clusters that do not say otherwise.
+    pub defaults: crate::clusters::config::ClusterDefaults,
+    /// The clusters at start.
+    pub initial: Vec<crate::clusters::config::ClusterSettings>,
 }
 
 /// The reverse direction's IO settings (the router holds its allow-list
@@ -182,7 +197,37 @@ impl ServerSettings {
                 dial_timeout: Duration::from_secs(10),
             },
             kubernetes: None,
+            clusters: None,
         }
+    }
+
+    /// The one cluster of a server without `--clusters-config`: upstream's
+    /// server, from the flags (no name, no SNI selection).
+    pub fn implicit_cluster(&self) -> crate::clusters::config::ClusterSettings {
+        use crate::clusters::config::{AgentSpec, ClusterSettings, FrontendSpec};
+        ClusterSettings {
+            name: String::new(),
+            strategies: self.strategies.clone(),
+            router: self.router.clone(),
+            reverse: self.reverse.clone(),
+            frontend: FrontendSpec {
+                mode: self.mode,
+                listen: self.frontend.clone(),
+                delete_existing_uds: self.delete_existing_uds,
+                tls: self.frontend_tls.clone(),
+            },
+            agents: AgentSpec {
+                server_names: Vec::new(),
+                tls: self.agent_tls.clone(),
+                token: None,
+            },
+            fingerprint: 0,
+        }
+    }
+
+    /// Whether this server serves several clusters (`--clusters-config`).
+    pub fn multi_cluster(&self) -> bool {
+        self.clusters.is_some()
     }
 
     /// HTTP/2 settings of the agent port: upstream's keepalive enforcement
@@ -269,12 +314,19 @@ impl ServerSettings {
                 .map_err(|source| crate::Error::Tls { what, source })
         };
         let a = &o.agent_listener;
-        let agent_tls = tls(
-            &a.cert,
-            &a.key,
-            a.client_ca.as_ref(),
-            "agent port (--cluster-cert, --cluster-key)",
-        )?;
+        let multi = o.clusters_config.is_some();
+        // With --clusters-config every cluster has its own agent TLS and
+        // frontend; the flags' ones are not served.
+        let agent_tls = if multi {
+            None
+        } else {
+            Some(tls(
+                &a.cert,
+                &a.key,
+                a.client_ca.as_ref(),
+                "agent port (--cluster-cert, --cluster-key)",
+            )?)
+        };
         let (frontend, frontend_tls, delete_existing_uds) = match &o.frontend {
             Frontend::Uds {
                 path,
@@ -288,12 +340,16 @@ impl ServerSettings {
                 client_ca,
             } => (
                 FrontendListen::Tcp(listen_addr(bind_address, *port, "server-bind-address")?),
-                Some(tls(
-                    cert,
-                    key,
-                    Some(client_ca),
-                    "frontend (--server-cert, --server-key)",
-                )?),
+                if multi {
+                    None
+                } else {
+                    Some(tls(
+                        cert,
+                        key,
+                        Some(client_ca),
+                        "frontend (--server-cert, --server-key)",
+                    )?)
+                },
                 false,
             ),
         };
@@ -309,7 +365,7 @@ impl ServerSettings {
         if let Some(w) = e.write_timeout {
             driver.write_timeout = w;
         }
-        Ok(Self {
+        let mut settings = Self {
             server_id: o.server_id.clone(),
             server_count: o.server_count,
             strategies: o
@@ -329,7 +385,7 @@ impl ServerSettings {
             delete_existing_uds,
             frontend_tls,
             agent_addr: listen_addr(&a.bind_address, a.port, "agent-bind-address")?,
-            agent_tls: Some(agent_tls),
+            agent_tls,
             keepalive_time: nonzero_or(a.keepalive_time, Duration::from_secs(2 * 3600)),
             frontend_keepalive_time: nonzero_or(
                 o.frontend_keepalive_time,
@@ -369,7 +425,35 @@ impl ServerSettings {
             enable_profiling: o.enable_profiling,
             reverse,
             kubernetes: crate::kube::Kubernetes::from_options(o),
-        })
+            clusters: None,
+        };
+        if let Some(path) = &o.clusters_config {
+            let defaults = crate::clusters::config::ClusterDefaults {
+                strategies: settings.strategies.clone(),
+                router: settings.router.clone(),
+                reverse_dial_timeout: settings.reverse.dial_timeout,
+                mode: settings.mode,
+                // --uds-name is per cluster then; its deletion defaults on.
+                delete_existing_uds: true,
+                agent_identity: a.cert.clone().zip(a.key.clone()),
+                tls_min_version: o.tls_min_version.go_name().to_owned(),
+                cipher_suites: o.cipher_suites.clone(),
+                kube: konn_core::kube::KubeSettings {
+                    kubeconfig: o.kube_client.kubeconfig.clone(),
+                    qps: o.kube_client.qps,
+                    burst: o.kube_client.burst,
+                    content_type: o.kube_client.content_type.clone(),
+                },
+            };
+            let initial = crate::clusters::config::load(path, &defaults)
+                .map_err(crate::Error::ClustersConfig)?;
+            settings.clusters = Some(ClustersSource {
+                path: path.clone(),
+                defaults,
+                initial,
+            });
+        }
+        Ok(settings)
     }
 }
 

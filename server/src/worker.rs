@@ -1,29 +1,12 @@
-//! One server worker's state: the [`Router`], how to reach each frontend
-//! and backend of this core, and the hand-off of packets between
-//! connections.
+//! One server worker's state: its clusters (`crate::cluster`; one without
+//! `--clusters-config`), its connections and tasks, and the messages
+//! between workers ([`Msg`]): per-cluster ones are handed to that
+//! cluster's state, reload ones add or remove a cluster here.
 //!
-//! Connections never call into each other directly: a packet for a gRPC
-//! connection goes into that connection's [`Outbox`] and the connection is
-//! *poked*. If it is idle the poke flushes the outbox at once; if it is
-//! busy further up the call stack (e.g. the agent connection that produced
-//! the packet is itself being answered), its own dispatch loop flushes the
-//! outbox when it gets there. So no connection's state is ever borrowed
-//! twice, and nothing on this path allocates.
-//!
-//! Flow control between a frontend and its backend (docs/design/tunnel.md):
-//! a frontend's HTTP/2 credit is returned only while the agent has not
-//! paused that frontend (PAUSE; the router holds the credit until RESUME)
-//! and its backend's tunnel is not congested (the credit waits in the
-//! backend's list and is returned when the tunnel drains). The other way,
-//! the router decides when the tunnel's credit for a frontend's data goes
-//! back ([`Action::ReleaseBackend`]).
-//!
-//! Flows across cores (docs/design/cross-core.md): the router's
-//! [`Action::Relay`]s travel to the other worker as [`Msg::Relay`] through
-//! the worker's [`Outbound`] (ordered, never dropped), and a relayed
-//! frontend's credit makes the round trip through the tunnel's worker
-//! ([`Msg::FrontendCredit`] → [`Msg::ReleaseFrontend`]), which holds it
-//! while its tunnel is congested — the same rule as for a local frontend.
+//! Also what every connection uses to reach another: its [`Outbox`] (work
+//! queued for a gRPC connection, flushed by a *poke*: see
+//! `crate::cluster`), and the refs a cluster keeps of its frontends and
+//! backends ([`FrontendRef`], [`BackendRef`]).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -42,11 +25,11 @@ use konn_protocol::grpc::Grpc;
 
 use konn_frames::packet::{Packet, PacketType};
 
+use crate::cluster::{Cluster, ClusterId, ClusterMsg};
 use crate::connect::ConnectFrontend;
-use crate::metrics::{DialFailureReason, Segment, ServerCoreMetrics, ServerMetrics};
+use crate::metrics::ServerMetrics;
 use crate::settings::ServerSettings;
-use konn_protocol::server::backends::{BackendId, Entry};
-use konn_protocol::server::router::{Action, DialFailure, FrontendId, Payload, Relay, Router};
+use konn_protocol::server::router::{FrontendId, Payload};
 
 /// Something queued for one gRPC connection.
 #[derive(Debug)]
@@ -245,71 +228,44 @@ impl BackendLoad {
     }
 }
 
-/// Messages between server workers.
+/// Messages between server workers (and from the control thread).
 pub enum Msg {
-    /// A backend connected on another worker (with its load, shared by
-    /// every worker's replica).
-    BackendUp(Entry, Arc<BackendLoad>),
-    /// A backend went away on another worker.
-    BackendDown(BackendId),
-    /// A backend announced DRAIN on another worker.
-    BackendDraining(BackendId),
+    /// For one cluster's state on this worker (dropped when the cluster was
+    /// removed here meanwhile).
+    Cluster {
+        /// Which.
+        cluster: ClusterId,
+        /// What.
+        msg: ClusterMsg,
+    },
     /// A frontend moving to this worker (see `crate::serve`).
     Adopt(Box<crate::serve::Migrant>),
-    /// A relayed flow's packet or credit from worker `from`'s router (see
-    /// [`Relay`]).
-    Relay {
-        /// The sending worker.
-        from: usize,
-        /// What its router sent.
-        relay: Relay,
-    },
-    /// Credit of a frontend of worker `from` that sent through `backend`, a
-    /// tunnel of this worker: answer with [`Msg::ReleaseFrontend`] once the
-    /// tunnel is not congested.
-    FrontendCredit {
-        /// The frontend's worker.
-        from: usize,
-        /// The tunnel.
-        backend: BackendId,
-        /// The frontend.
-        frontend: FrontendId,
-        /// Bytes: HTTP/2 credit of a gRPC frontend, bytes sent by a CONNECT
-        /// one.
-        credit: usize,
-    },
-    /// The answer to [`Msg::FrontendCredit`]: the frontend may send this
-    /// much more.
-    ReleaseFrontend {
-        /// The frontend (of this worker).
-        frontend: FrontendId,
-        /// Bytes of credit.
-        credit: usize,
-    },
     /// Start a graceful shutdown: GOAWAY on every connection.
     Shutdown,
-    /// The verdict of an agent's token review (from the control-plane
-    /// thread; see `crate::auth`).
-    AuthVerdict {
-        /// The hold it answers.
-        id: u64,
-        /// The verdict.
-        outcome: konn_core::kube::review::Outcome,
-    },
+    /// A cluster added by a reload: serve it here too (`crate::serve`).
+    ClusterUp(Box<crate::serve::ClusterStart>),
+    /// A cluster removed by a reload: close its listeners and connections
+    /// here (`crate::serve`).
+    ClusterDown(ClusterId),
 }
 
 /// One worker's state.
 pub struct Worker {
     /// Worker index.
     pub index: usize,
-    /// The protocol state machine.
-    pub router: RefCell<Router>,
-    /// This core's frontends.
-    pub frontends: RefCell<HashMap<FrontendId, FrontendRef>>,
-    /// This core's backends.
-    pub backends: RefCell<HashMap<BackendId, BackendRef>>,
-    /// Every backend's load (all workers'; see [`BackendLoad`]).
-    pub loads: RefCell<HashMap<BackendId, Arc<BackendLoad>>>,
+    /// How many workers there are.
+    pub workers: usize,
+    /// The clusters this worker serves (one without `--clusters-config`).
+    pub clusters: RefCell<HashMap<ClusterId, Rc<Cluster>>>,
+    /// With `--clusters-config`: SNI name → its cluster.
+    pub by_sni: RefCell<HashMap<String, Rc<Cluster>>>,
+    /// Messages for clusters this worker has not been told of yet (a
+    /// reload's `ClusterUp` races other workers' announcements), replayed
+    /// when it is; bounded by [`EARLY_MESSAGES`].
+    pub early: RefCell<Vec<(ClusterId, ClusterMsg)>>,
+    /// The highest cluster id this worker was told of (older unknown ids
+    /// are removed clusters: their messages are dropped).
+    pub newest_cluster: Cell<ClusterId>,
     next_id: Cell<u64>,
     rng: Cell<u64>,
     /// Settings.
@@ -329,43 +285,45 @@ pub struct Worker {
     pub stopping: Broadcast,
     /// Tasks started with [`Worker::spawn`] that have not ended.
     pub tasks: Rc<TaskCount>,
-    /// This core's metric slab.
-    pub metrics: ServerCoreMetrics,
-    /// The process-wide metrics (gauges set by whoever knows the value).
+    /// The process-wide metrics (without `--clusters-config` they hold the
+    /// one cluster's families too).
     pub all_metrics: ServerMetrics,
     /// Type of the packet being routed now (what `Payload::Forward`s are).
     pub forwarding: Cell<PacketType>,
-    /// This core's (pending dials, established connections) as last added
-    /// to the process-wide counters in [`Shared`].
-    published: Cell<(usize, usize)>,
     /// The other workers, reliably and in order.
     pub out: Outbound<Msg>,
+    /// The mesh itself (for verdicts sent from the control-plane thread).
+    pub mesh: MeshSender<Msg>,
     /// This worker itself, for tasks its actions start (reverse dials).
     me: std::cell::OnceCell<std::rc::Weak<Self>>,
-    /// Agent token authentication, when enabled (set once at start).
-    pub auth: std::cell::OnceCell<crate::auth::Auth>,
 }
 
+/// Messages held for not-yet-known clusters at most (beyond, they are
+/// dropped with a warning: the cluster's directory replica here misses an
+/// agent until it reconnects).
+pub const EARLY_MESSAGES: usize = 4096;
+
 impl Worker {
-    /// A worker's state.
+    /// A worker's state (its clusters are added with
+    /// [`Worker::add_cluster`]).
     #[allow(clippy::too_many_arguments)] // one-time construction of a worker
     pub fn new(
         index: usize,
-        router: Router,
+        workers: usize,
         settings: Arc<ServerSettings>,
         pool: BufPool,
         shared: Arc<Shared>,
         seed: u64,
-        metrics: ServerCoreMetrics,
         all_metrics: ServerMetrics,
         mesh: MeshSender<Msg>,
     ) -> Self {
         Self {
             index,
-            router: RefCell::new(router),
-            frontends: RefCell::new(HashMap::new()),
-            backends: RefCell::new(HashMap::new()),
-            loads: RefCell::new(HashMap::new()),
+            workers,
+            clusters: RefCell::new(HashMap::new()),
+            by_sni: RefCell::new(HashMap::new()),
+            early: RefCell::new(Vec::new()),
+            newest_cluster: Cell::new(0),
             next_id: Cell::new(1),
             rng: Cell::new(seed | 1),
             settings,
@@ -375,14 +333,82 @@ impl Worker {
             stopped: Cell::new(false),
             stopping: Broadcast::new(),
             tasks: Rc::new(TaskCount::default()),
-            metrics,
             all_metrics,
             forwarding: Cell::new(PacketType::Data),
-            published: Cell::new((0, 0)),
-            out: Outbound::new(mesh),
+            out: Outbound::new(mesh.clone()),
+            mesh,
             me: std::cell::OnceCell::new(),
-            auth: std::cell::OnceCell::new(),
         }
+    }
+
+    /// This worker, for tasks that own it.
+    pub fn upgrade(&self) -> Option<Rc<Self>> {
+        self.me.get().and_then(std::rc::Weak::upgrade)
+    }
+
+    /// Serve `cluster` here: register it (and its SNI names), then replay
+    /// what other workers said of it before this one knew it.
+    pub fn add_cluster(&self, cluster: Rc<Cluster>) {
+        let id = cluster.id;
+        self.newest_cluster.set(self.newest_cluster.get().max(id));
+        for name in &cluster.settings.agents.server_names {
+            self.by_sni
+                .borrow_mut()
+                .insert(name.clone(), cluster.clone());
+        }
+        self.clusters.borrow_mut().insert(id, cluster.clone());
+        let early = std::mem::take(&mut *self.early.borrow_mut());
+        let (mine, others): (Vec<_>, Vec<_>) = early.into_iter().partition(|(c, _)| *c == id);
+        *self.early.borrow_mut() = others;
+        for (_, msg) in mine {
+            cluster.on_message(self, msg);
+        }
+    }
+
+    /// Stop serving cluster `id` here: no new connection, every one of its
+    /// connections closed now (their handlers then leave its router).
+    pub fn remove_cluster(&self, id: ClusterId) {
+        self.newest_cluster.set(self.newest_cluster.get().max(id));
+        let Some(cluster) = self.clusters.borrow_mut().remove(&id) else {
+            return;
+        };
+        self.by_sni.borrow_mut().retain(|_, c| c.id != id);
+        cluster.removed.set(true);
+        cluster.stopping.notify_all();
+        let conns: Vec<u64> = cluster.connections.borrow().iter().copied().collect();
+        for conn in conns {
+            let stop = self.connections.borrow();
+            if let Some(f) = stop.get(&conn) {
+                f(Stop::Now);
+            }
+        }
+    }
+
+    /// Hand a message to its cluster, if it is served here; one for a
+    /// cluster not known yet is kept for [`Worker::add_cluster`].
+    pub fn cluster_message(&self, id: ClusterId, msg: ClusterMsg) {
+        let cluster = self.clusters.borrow().get(&id).cloned();
+        match cluster {
+            Some(c) => c.on_message(self, msg),
+            None if id > self.newest_cluster.get() => {
+                let mut early = self.early.borrow_mut();
+                if early.len() < EARLY_MESSAGES {
+                    early.push((id, msg));
+                } else {
+                    tracing::warn!(cluster = id, "message for a cluster not known yet dropped");
+                }
+            }
+            None => {} // a removed cluster
+        }
+    }
+
+    /// The one cluster without `--clusters-config` (the oldest with it).
+    pub fn first_cluster(&self) -> Option<Rc<Cluster>> {
+        self.clusters
+            .borrow()
+            .values()
+            .min_by_key(|c| c.id)
+            .cloned()
     }
 
     /// Tell the worker where it lives (`Rc`), so its actions can start tasks
@@ -438,445 +464,10 @@ impl Worker {
     pub fn dial_random(&self) -> i64 {
         (self.random() >> 1) as i64
     }
-
-    /// Whether a backend's tunnel is congested.
-    pub fn congested(&self, backend: BackendId) -> bool {
-        self.backends
-            .borrow()
-            .get(&backend)
-            .is_some_and(|b| b.queued.get() >= self.settings.tunnel_high_water)
-    }
-
-    /// Return a gRPC frontend's credit now, or when the agent resumes it,
-    /// or when its backend drains.
-    pub fn credit(
-        &self,
-        fid: FrontendId,
-        outbox: &Rc<Outbox>,
-        stream: u32,
-        flow: usize,
-        grpc: &mut Grpc,
-    ) {
-        let (flow, backend) = {
-            let mut router = self.router.borrow_mut();
-            (
-                router.frontend_credit(fid, flow),
-                router.frontend_backend(fid),
-            )
-        };
-        if flow > 0 && !self.hold_if_congested(fid, backend, outbox, stream, flow) {
-            grpc.release(stream, flow);
-        }
-    }
-
-    /// Keep a frontend's credit while its tunnel is congested: in the
-    /// backend's list for a tunnel of this worker, or by sending it to the
-    /// tunnel's worker, which answers when it may go back. Returns whether
-    /// it was kept.
-    fn hold_if_congested(
-        &self,
-        fid: FrontendId,
-        backend: Option<BackendId>,
-        outbox: &Rc<Outbox>,
-        stream: u32,
-        flow: usize,
-    ) -> bool {
-        let Some(b) = backend else {
-            return false;
-        };
-        if let Some(be) = self.backends.borrow().get(&b) {
-            if be.queued.get() < self.settings.tunnel_high_water {
-                return false;
-            }
-            be.waiting
-                .borrow_mut()
-                .push(Waiting::Local(outbox.clone(), stream, flow));
-            return true;
-        }
-        self.credit_via_tunnel(fid, b, flow)
-    }
-
-    /// A relayed frontend's credit goes to its tunnel's worker
-    /// ([`Msg::FrontendCredit`]); false when `backend` is not relayed.
-    pub fn credit_via_tunnel(&self, fid: FrontendId, backend: BackendId, credit: usize) -> bool {
-        let Some(core) = self.router.borrow().remote_core(backend) else {
-            return false;
-        };
-        let msg = Msg::FrontendCredit {
-            from: self.index,
-            backend,
-            frontend: fid,
-            credit,
-        };
-        // A stopped worker takes the tunnel with it; the flow ends anyway.
-        let _ = self.out.send(core, msg);
-        true
-    }
-
-    /// A backend's tunnel drained: give back held credit, wake readers.
-    pub fn backend_drained(&self, backend: BackendId) {
-        let waiting = {
-            let backends = self.backends.borrow();
-            let Some(b) = backends.get(&backend) else {
-                return;
-            };
-            b.drained.notify_all();
-            std::mem::take(&mut *b.waiting.borrow_mut())
-        };
-        for w in waiting {
-            match w {
-                Waiting::Local(outbox, stream, flow) => outbox.push(Out::Release(stream, flow)),
-                Waiting::Remote {
-                    core,
-                    frontend,
-                    credit,
-                } => {
-                    let _ = self
-                        .out
-                        .send(core, Msg::ReleaseFrontend { frontend, credit });
-                }
-            }
-        }
-    }
-
-    /// Handle a message from another worker (everything but the messages
-    /// `crate::serve` handles itself: frontends moving, shutdown).
-    pub fn on_message(&self, msg: Msg) {
-        match msg {
-            Msg::BackendUp(e, load) => {
-                self.loads.borrow_mut().insert(e.id, load);
-                self.router.borrow_mut().directory_mut().add(e);
-            }
-            Msg::BackendDown(id) => {
-                self.loads.borrow_mut().remove(&id);
-                // Flows of this worker's frontends through it end too.
-                self.router.borrow_mut().backend_gone(id);
-                self.apply();
-                self.publish();
-            }
-            Msg::BackendDraining(id) => self.router.borrow_mut().directory_mut().set_draining(id),
-            Msg::Relay { from, relay } => self.on_relay(from, relay),
-            Msg::AuthVerdict { id, outcome } => {
-                if let Some(auth) = self.auth.get() {
-                    auth.resolve(id, outcome);
-                }
-            }
-            Msg::FrontendCredit {
-                from,
-                backend,
-                frontend,
-                credit,
-            } => {
-                let held = self.backends.borrow().get(&backend).is_some_and(|b| {
-                    let congested = b.queued.get() >= self.settings.tunnel_high_water;
-                    if congested {
-                        b.waiting.borrow_mut().push(Waiting::Remote {
-                            core: from,
-                            frontend,
-                            credit,
-                        });
-                    }
-                    congested
-                });
-                if !held {
-                    let _ = self
-                        .out
-                        .send(from, Msg::ReleaseFrontend { frontend, credit });
-                }
-            }
-            Msg::ReleaseFrontend { frontend, credit } => {
-                let f = self.frontends.borrow();
-                match f.get(&frontend) {
-                    Some(FrontendRef::Grpc { outbox, stream }) => {
-                        outbox.push(Out::Release(*stream, credit))
-                    }
-                    Some(FrontendRef::Connect(cf)) => cf.credit_back(credit),
-                    None => {}
-                }
-            }
-            Msg::Adopt(_) | Msg::Shutdown => {}
-        }
-    }
-
-    fn on_relay(&self, from: usize, relay: Relay) {
-        let now = konn_core::io::clock::now();
-        match relay {
-            Relay::ToBackend { backend, payload } => {
-                let Some((packet, framed)) = decoded(payload) else {
-                    return;
-                };
-                self.forwarding.set(packet.ty());
-                self.router
-                    .borrow_mut()
-                    .relayed_packet(from, backend, packet, framed);
-                self.apply();
-            }
-            Relay::Release { backend, credit } => {
-                let target = self
-                    .backends
-                    .borrow()
-                    .get(&backend)
-                    .map(|b| (b.outbox.clone(), b.stream));
-                if let Some((outbox, stream)) = target {
-                    outbox.push(Out::Release(stream, credit));
-                }
-            }
-            Relay::FromBackend {
-                backend,
-                payload,
-                credit,
-            } => {
-                let Some((packet, framed)) = decoded(payload) else {
-                    return;
-                };
-                let ty = packet.ty();
-                self.forwarding.set(ty);
-                // A relayed backend's credit goes back as a Relay action.
-                let _ = self
-                    .router
-                    .borrow_mut()
-                    .backend_packet(now, backend, packet, framed, credit);
-                self.apply();
-                if ty != PacketType::Data {
-                    self.publish();
-                }
-            }
-        }
-    }
-
-    /// Perform every action the router has queued.
-    pub fn apply(&self) {
-        loop {
-            let action = self.router.borrow_mut().poll_action();
-            let Some(action) = action else { return };
-            match action {
-                Action::ToBackend { backend, payload } => {
-                    let ty = self.payload_type(&payload);
-                    self.metrics.stream_packets(Segment::ToAgent, ty).inc();
-                    match &payload {
-                        Payload::Packet(Packet::Pause { connect_id }) => tracing::debug!(
-                            backend,
-                            connection_id = *connect_id,
-                            "frontend queue above its high-water mark; sending PAUSE"
-                        ),
-                        Payload::Packet(Packet::Resume { connect_id }) => tracing::debug!(
-                            backend,
-                            connection_id = *connect_id,
-                            "frontend queue drained; sending RESUME"
-                        ),
-                        _ => {}
-                    }
-                    let bytes = encode(payload);
-                    let target = self.backends.borrow().get(&backend).map(|b| {
-                        b.queued.set(b.queued.get() + bytes.len());
-                        (b.outbox.clone(), b.stream)
-                    });
-                    if let Some((outbox, stream)) = target {
-                        outbox.push(Out::Send(stream, bytes));
-                    }
-                }
-                Action::ToFrontend { frontend, payload } => {
-                    let target = match self.frontends.borrow().get(&frontend) {
-                        Some(FrontendRef::Grpc { outbox, stream }) => {
-                            Some((outbox.clone(), *stream))
-                        }
-                        _ => None,
-                    };
-                    if let Some((outbox, stream)) = target {
-                        let ty = self.payload_type(&payload);
-                        self.metrics.stream_packets(Segment::ToClient, ty).inc();
-                        // upstream's frontend_write_duration: the time the
-                        // hand-off to the frontend's stream takes (konn's
-                        // never blocks; a stream over its window queues).
-                        let start = konn_core::io::clock::now();
-                        outbox.push(Out::Send(stream, encode(payload)));
-                        self.metrics.frontend_write_duration().observe_duration(
-                            konn_core::io::clock::now().saturating_duration_since(start),
-                        );
-                    }
-                }
-                Action::ConnectEstablished {
-                    frontend,
-                    backend,
-                    connect_id,
-                } => {
-                    tracing::debug!(frontend, backend, connect_id, "CONNECT tunnel established");
-                    if let Some(cf) = self.connect_frontend(frontend) {
-                        cf.established(backend, connect_id);
-                    }
-                }
-                Action::ConnectData { frontend, data } => {
-                    if let Some(cf) = self.connect_frontend(frontend) {
-                        let start = konn_core::io::clock::now();
-                        cf.push(data);
-                        self.metrics.frontend_write_duration().observe_duration(
-                            konn_core::io::clock::now().saturating_duration_since(start),
-                        );
-                    }
-                }
-                Action::ConnectFailed { frontend, response } => {
-                    tracing::debug!(frontend, "CONNECT dial failed; answering with the error");
-                    if let Some(cf) = self.connect_frontend(frontend) {
-                        cf.fail(response);
-                    }
-                    self.frontends.borrow_mut().remove(&frontend);
-                }
-                Action::CloseFrontend { frontend } => {
-                    tracing::debug!(frontend, "frontend connection closed");
-                    let f = self.frontends.borrow_mut().remove(&frontend);
-                    match f {
-                        Some(FrontendRef::Grpc { outbox, stream }) => {
-                            outbox.push(Out::Finish(stream, GrpcStatus::OK, ""))
-                        }
-                        Some(FrontendRef::Connect(cf)) => cf.close(),
-                        None => {}
-                    }
-                }
-                Action::AbortFrontend { frontend } => {
-                    tracing::debug!(frontend, "frontend aborted (stopped reading)");
-                    let f = self.frontends.borrow_mut().remove(&frontend);
-                    if let Some(FrontendRef::Connect(cf)) = f {
-                        cf.abort();
-                    }
-                }
-                Action::ReleaseBackend { backend, credit } => {
-                    let target = self
-                        .backends
-                        .borrow()
-                        .get(&backend)
-                        .map(|b| (b.outbox.clone(), b.stream));
-                    if let Some((outbox, stream)) = target {
-                        outbox.push(Out::Release(stream, credit));
-                    }
-                }
-                Action::PauseFrontend { frontend } => {
-                    tracing::debug!(frontend, "PAUSE from the agent: frontend not read");
-                    if let Some(cf) = self.connect_frontend(frontend) {
-                        cf.set_paused(true);
-                    }
-                }
-                Action::ResumeFrontend { frontend, credit } => {
-                    tracing::debug!(frontend, "RESUME from the agent: frontend read again");
-                    let target = match self.frontends.borrow().get(&frontend) {
-                        Some(FrontendRef::Grpc { outbox, stream }) => {
-                            Some((outbox.clone(), *stream))
-                        }
-                        Some(FrontendRef::Connect(cf)) => {
-                            cf.set_paused(false);
-                            None
-                        }
-                        None => None,
-                    };
-                    if let Some((outbox, stream)) = target
-                        && credit > 0
-                    {
-                        let backend = self.router.borrow().frontend_backend(frontend);
-                        if !self.hold_if_congested(frontend, backend, &outbox, stream, credit) {
-                            outbox.push(Out::Release(stream, credit));
-                        }
-                    }
-                }
-                Action::Relay { core, relay } => {
-                    let msg = Msg::Relay {
-                        from: self.index,
-                        relay,
-                    };
-                    if self.out.send(core, msg).is_err() {
-                        tracing::debug!(worker = core, "relay to a stopped worker dropped");
-                    }
-                }
-                Action::ReverseDial {
-                    backend,
-                    random,
-                    target,
-                } => {
-                    if let Some(me) = self.me.get().and_then(std::rc::Weak::upgrade) {
-                        self.spawn(crate::reverse::dial_and_serve(me, backend, random, target));
-                    }
-                }
-                Action::ReverseRefused(why) => {
-                    tracing::debug!(reason = why.label(), "reverse dial refused");
-                    self.metrics.reverse_refusals(why).inc();
-                    self.metrics
-                        .reverse_dials(konn_core::metrics::common::ReverseResult::Refused)
-                        .inc();
-                }
-                Action::ReverseDialed => {
-                    self.metrics
-                        .reverse_dials(konn_core::metrics::common::ReverseResult::Ok)
-                        .inc();
-                }
-                Action::DialFailed(why) => {
-                    tracing::debug!(reason = ?failure_reason(why), "dial failed");
-                    self.metrics.dial_failures(failure_reason(why)).inc();
-                }
-                Action::DialSucceeded(d) => {
-                    tracing::debug!(elapsed = ?d, "dial succeeded");
-                    self.metrics.dial_duration().observe_duration(d);
-                }
-            }
-        }
-    }
-
-    fn payload_type(&self, p: &Payload) -> PacketType {
-        match p {
-            Payload::Packet(p) => p.ty(),
-            Payload::Forward(_) => self.forwarding.get(),
-        }
-    }
-
-    /// After a control event: publish the router's gauges and loads.
-    pub fn publish(&self) {
-        let router = self.router.borrow();
-        let stats = router.stats();
-        self.metrics
-            .pending_backend_dials()
-            .set(stats.pending_dials as f64);
-        self.metrics
-            .established_connections()
-            .set(stats.established as f64);
-        let now = (stats.pending_dials, stats.established);
-        let before = self.published.replace(now);
-        if now != before {
-            let delta = |a: usize, b: usize| a as i64 - b as i64;
-            self.shared
-                .pending_dials
-                .fetch_add(delta(now.0, before.0), Ordering::Relaxed);
-            self.shared
-                .established
-                .fetch_add(delta(now.1, before.1), Ordering::Relaxed);
-        }
-        let loads = self.loads.borrow();
-        for (id, open, pending) in router.backend_loads() {
-            if let Some(l) = loads.get(&id) {
-                l.set(open, pending);
-            }
-        }
-    }
-
-    fn connect_frontend(&self, id: FrontendId) -> Option<Rc<ConnectFrontend>> {
-        match self.frontends.borrow().get(&id) {
-            Some(FrontendRef::Connect(cf)) => Some(cf.clone()),
-            _ => None,
-        }
-    }
-}
-
-/// The metric label of a router dial failure.
-fn failure_reason(f: DialFailure) -> DialFailureReason {
-    match f {
-        DialFailure::NoAgent => DialFailureReason::NoAgent,
-        DialFailure::ErrorResponse => DialFailureReason::ErrorResponse,
-        DialFailure::UnrecognizedResponse => DialFailureReason::UnrecognizedResponse,
-        DialFailure::SendResponse => DialFailureReason::SendResponse,
-        DialFailure::BackendClose => DialFailureReason::BackendClose,
-        DialFailure::BackendDialTimeout => DialFailureReason::BackendDialTimeout,
-        DialFailure::FrontendClose => DialFailureReason::FrontendClose,
-    }
 }
 
 /// A relayed payload as (packet, wire bytes), for the router.
-fn decoded(payload: Payload) -> Option<(Packet, Bytes)> {
+pub(crate) fn decoded(payload: Payload) -> Option<(Packet, Bytes)> {
     match payload {
         Payload::Forward(framed) => {
             if framed.len() < 5 {
@@ -911,92 +502,5 @@ pub fn bump(counter: &AtomicUsize, up: bool) {
         counter.fetch_add(1, Ordering::Relaxed);
     } else {
         counter.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use bytes::BytesMut;
-    use konn_frames::packet::{ByteStr, Packet};
-
-    use super::*;
-    use crate::settings::{FrontendListen, Mode};
-    use konn_protocol::server::backends::{Directory, Identifiers, Strategy};
-    use konn_protocol::server::router::{FrontendKind, RouterConfig};
-
-    fn framed(p: &Packet) -> Bytes {
-        let mut b = BytesMut::new();
-        p.encode_grpc(&mut b);
-        b.freeze()
-    }
-
-    fn worker(index: usize, shared: &Arc<Shared>, metrics: &ServerMetrics) -> Worker {
-        let settings =
-            ServerSettings::for_tests(FrontendListen::Unix("/nonexistent".into()), Mode::Grpc);
-        let budget = konn_core::io::pool::MemoryBudget::new(1 << 20);
-        Worker::new(
-            index,
-            Router::new(
-                RouterConfig::default(),
-                Directory::new(vec![Strategy::Default]),
-            ),
-            Arc::new(settings),
-            BufPool::new(&budget, &konn_core::io::pool::PoolConfig::default()),
-            shared.clone(),
-            1,
-            metrics.core(index).expect("slab"),
-            metrics.clone(),
-            konn_core::io::xcore::Mesh::new(2, 16).sender(),
-        )
-    }
-
-    /// Each worker adds its own change, so the process-wide counters are
-    /// the sum over workers, and go back to zero.
-    #[test]
-    fn publish_keeps_the_process_wide_dial_and_connection_counts() {
-        let shared = Arc::new(Shared::default());
-        let metrics = ServerMetrics::new(2);
-        let workers = [worker(0, &shared, &metrics), worker(1, &shared, &metrics)];
-        let now = konn_core::io::clock::now();
-        let counts = || {
-            (
-                shared.pending_dials.load(Ordering::Relaxed),
-                shared.established.load(Ordering::Relaxed),
-            )
-        };
-        for (i, w) in workers.iter().enumerate() {
-            let mut r = w.router.borrow_mut();
-            r.backend_connected(7, "agent".into(), Identifiers::default(), i);
-            r.frontend_opened(1, FrontendKind::Grpc);
-            let dial = Packet::DialReq {
-                protocol: ByteStr::from_static("tcp"),
-                address: ByteStr::from_static("10.0.0.1:80"),
-                random: 5,
-            };
-            let f = framed(&dial);
-            r.frontend_packet(now, 1, dial, f, 0);
-            drop(r);
-            w.publish();
-        }
-        assert_eq!(counts(), (2, 0));
-        let rsp = Packet::DialRsp {
-            error: ByteStr::new(),
-            connect_id: 3,
-            random: 5,
-        };
-        let f = framed(&rsp);
-        let _ = workers[0]
-            .router
-            .borrow_mut()
-            .backend_packet(now, 7, rsp, f, 0);
-        workers[0].publish();
-        assert_eq!(counts(), (1, 1));
-        workers[0].publish();
-        assert_eq!(counts(), (1, 1), "publishing twice counts once");
-        for w in &workers {
-            w.router.borrow_mut().frontend_gone(1);
-            w.publish();
-        }
-        assert_eq!(counts(), (0, 0));
     }
 }

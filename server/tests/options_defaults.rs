@@ -83,6 +83,7 @@ const UPSTREAM: &[(&str, &str, &str, bool)] = &[
 /// konn's own flags and their defaults.
 const KONN: &[(&str, &str, &str)] = &[
     ("allowed-destination", "stringSlice", "[]"),
+    ("clusters-config", "string", ""),
     ("conn-queue-size", "size", "1Mi"),
     ("grpc-max-message-size", "size", "4Mi"),
     ("h2-conn-window", "size", "4Mi"),

@@ -32,10 +32,21 @@ pub struct PkiFiles {
     pub frontend_key: PathBuf,
 }
 
+/// What a generated PKI is for: the serving certificate's extra DNS names
+/// (SNI names of a cluster) and the client certificates' OU.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Spec<'a> {
+    /// DNS names the serving certificate carries besides `localhost`.
+    pub server_names: &'a [&'a str],
+    /// The client certificates' organizational unit, when set.
+    pub client_ou: Option<&'a str>,
+}
+
 fn leaf(
     issuer: &Issuer<'_, KeyPair>,
     cn: &str,
     server: bool,
+    spec: Spec<'_>,
 ) -> Result<(String, String), rcgen::Error> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(Vec::<String>::new())?;
@@ -47,9 +58,19 @@ fn leaf(
             SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
             SanType::IpAddress(IpAddr::V6(Ipv6Addr::LOCALHOST)),
         ];
+        for name in spec.server_names {
+            params
+                .subject_alt_names
+                .push(SanType::DnsName((*name).try_into()?));
+        }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     } else {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        if let Some(ou) = spec.client_ou {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationalUnitName, ou);
+        }
     }
     let cert = params.signed_by(&key, issuer)?;
     Ok((cert.pem(), key.serialize_pem()))
@@ -76,6 +97,11 @@ pub struct Pem {
 
 /// Generate a fresh PKI: one CA and the certificates it signs.
 pub fn generate() -> Result<Pem, Error> {
+    generate_for(Spec::default())
+}
+
+/// [`generate`] for a `spec` (a cluster of a multi-cluster server).
+pub fn generate_for(spec: Spec<'_>) -> Result<Pem, Error> {
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name
@@ -84,9 +110,9 @@ pub fn generate() -> Result<Pem, Error> {
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let ca_cert = ca.self_signed(&ca_key)?.pem();
     let issuer = Issuer::new(ca, ca_key);
-    let (server_cert, server_key) = leaf(&issuer, "konnectivity-server", true)?;
-    let (agent_cert, agent_key) = leaf(&issuer, "konnectivity-agent", false)?;
-    let (frontend_cert, frontend_key) = leaf(&issuer, "kube-apiserver", false)?;
+    let (server_cert, server_key) = leaf(&issuer, "konnectivity-server", true, spec)?;
+    let (agent_cert, agent_key) = leaf(&issuer, "konnectivity-agent", false, spec)?;
+    let (frontend_cert, frontend_key) = leaf(&issuer, "kube-apiserver", false, spec)?;
     Ok(Pem {
         ca_cert,
         server_cert,
@@ -100,8 +126,13 @@ pub fn generate() -> Result<Pem, Error> {
 
 /// Generate a fresh PKI and write it into `dir` (created if missing).
 pub fn write(dir: &Path) -> Result<PkiFiles, Error> {
+    write_for(dir, Spec::default())
+}
+
+/// [`write`] for a `spec`.
+pub fn write_for(dir: &Path, spec: Spec<'_>) -> Result<PkiFiles, Error> {
     std::fs::create_dir_all(dir).map_err(|e| Error::Write(dir.to_owned(), e))?;
-    let pem = generate()?;
+    let pem = generate_for(spec)?;
     let put = |name: &str, body: &str| -> Result<PathBuf, Error> {
         let p = dir.join(name);
         std::fs::write(&p, body).map_err(|e| Error::Write(p.clone(), e))?;

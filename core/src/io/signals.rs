@@ -7,6 +7,8 @@
 //! (`sigwait`) — no signal handler, no async-signal-safety concerns.
 //! Upstream semantics built on this: the agent's first signal drains and
 //! the second exits; the server's first signal starts a graceful shutdown.
+//! The server with `--clusters-config` also blocks SIGHUP
+//! ([`block_reload_signal`]) and reloads the file on it.
 
 use std::io;
 
@@ -65,6 +67,51 @@ pub fn wait_shutdown_signal() -> io::Result<ShutdownSignal> {
         } else {
             ShutdownSignal::Term
         });
+    }
+}
+
+#[allow(unsafe_code)]
+fn hangup_set() -> libc::sigset_t {
+    // SAFETY: as in `shutdown_set`.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    }
+}
+
+/// Block SIGHUP in this thread (and threads it starts later), for a binary
+/// that reloads its configuration on it (the server with
+/// `--clusters-config`); call it before any other thread exists. Without
+/// this, SIGHUP keeps its default action (the process ends), as upstream.
+#[allow(unsafe_code)]
+pub fn block_reload_signal() -> io::Result<()> {
+    let set = hangup_set();
+    // SAFETY: as in `block_shutdown_signals`.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Wait for SIGHUP (blocked with [`block_reload_signal`]).
+#[allow(unsafe_code)]
+pub fn wait_reload_signal() -> io::Result<()> {
+    let set = hangup_set();
+    let mut sig: libc::c_int = 0;
+    loop {
+        // SAFETY: `set` is a valid signal set and `sig` a valid out pointer.
+        let rc = unsafe { libc::sigwait(&set, &mut sig) };
+        if rc == libc::EINTR {
+            continue;
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        return Ok(());
     }
 }
 

@@ -148,6 +148,84 @@ impl Registry {
         }
     }
 
+    /// [`render`](Self::render) of this registry together with `parts`,
+    /// other registries whose series each get the extra label
+    /// `label="value"` (one proxy-server for many clusters: a registry per
+    /// cluster, `cluster="name"`). Families of the same name are written
+    /// once, in name order; within a family this registry's series come
+    /// first, then each part's in the order given. `label` must sort before
+    /// every label name of the parts' families (it is written first), and
+    /// `parts` should be sorted by value, so the series stay in
+    /// client_golang's order.
+    pub fn render_merged(&self, out: &mut Vec<u8>, label: &str, parts: &[(&str, &Self)]) {
+        let needs_process = self
+            .inner
+            .families
+            .iter()
+            .any(|f| matches!(f.kind, FamilyKind::Process(_)));
+        let snapshot = if needs_process {
+            process::snapshot()
+        } else {
+            process::ProcessSnapshot::default()
+        };
+        let registries: Vec<(String, &Self)> = std::iter::once((String::new(), self))
+            .chain(parts.iter().map(|(value, r)| {
+                let mut prefix = Vec::new();
+                prefix.extend_from_slice(label.as_bytes());
+                prefix.extend_from_slice(b"=\"");
+                text::write_escaped_label_value(&mut prefix, value);
+                prefix.push(b'"');
+                (String::from_utf8(prefix).unwrap_or_default(), *r)
+            }))
+            .collect();
+        let mut all: Vec<(&'static str, usize, usize)> = Vec::new();
+        for (i, (_, r)) in registries.iter().enumerate() {
+            for &index in r.inner.order.iter() {
+                if let Some(f) = r.inner.families.get(index) {
+                    all.push((f.name, i, index));
+                }
+            }
+        }
+        all.sort_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
+        for group in all.chunk_by(|a, b| a.0 == b.0) {
+            let mut body = Vec::new();
+            let mut header = None;
+            for &(_, i, index) in group {
+                let Some((prefix, r)) = registries.get(i) else {
+                    continue;
+                };
+                if let Some(family) = r.inner.families.get(index) {
+                    r.family_body(&mut body, family, &snapshot, prefix);
+                    header.get_or_insert(family);
+                }
+            }
+            if let Some(family) = header
+                && !body.is_empty()
+            {
+                write_header(out, family);
+                out.extend_from_slice(&body);
+            }
+        }
+    }
+
+    /// [`Registry::scrape`] of [`Registry::render_merged`].
+    pub fn scrape_merged(&self, label: &str, parts: &[(&str, &Self)]) -> Vec<u8> {
+        let ids = self.inner.scrape;
+        let in_flight = ids.and_then(|ids| ids.in_flight.single());
+        if let Some(id) = in_flight {
+            self.gauge(id).inc();
+        }
+        let mut out = Vec::with_capacity(16 * 1024);
+        self.render_merged(&mut out, label, parts);
+        if let Some(id) = in_flight {
+            self.gauge(id).dec();
+        }
+        if let Some(id) = ids.and_then(|ids| ids.total.at(&[0])) {
+            self.counter(id).inc();
+        }
+        out
+    }
+
     /// [`render`](Self::render) into a new `String`.
     pub fn render_to_string(&self) -> String {
         let mut out = Vec::with_capacity(16 * 1024);
@@ -179,37 +257,48 @@ impl Registry {
 
     fn render_family(&self, out: &mut Vec<u8>, family: &Family, snap: &process::ProcessSnapshot) {
         let mut body = Vec::new();
-        match &family.kind {
-            FamilyKind::Fixed(fixed) => self.render_fixed(&mut body, family, fixed),
-            FamilyKind::Dynamic(dynamic) => render_dynamic(&mut body, family, dynamic),
-            FamilyKind::Process(metric) => {
-                if let Some(v) = metric.value(snap) {
-                    write_sample(&mut body, family.name, "", "", None, v);
-                }
-            }
-        }
+        self.family_body(&mut body, family, snap, "");
         if body.is_empty() {
             return;
         }
-        out.extend_from_slice(b"# HELP ");
-        out.extend_from_slice(family.name.as_bytes());
-        out.push(b' ');
-        text::write_escaped_help(out, family.help);
-        out.extend_from_slice(b"\n# TYPE ");
-        out.extend_from_slice(family.name.as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(family.ty.as_str().as_bytes());
-        out.push(b'\n');
+        write_header(out, family);
         out.extend_from_slice(&body);
     }
 
-    fn render_fixed(&self, out: &mut Vec<u8>, family: &Family, fixed: &Fixed) {
+    /// The sample lines of one family; `prefix` (`name="value"`) goes
+    /// first in every series' labels.
+    fn family_body(
+        &self,
+        body: &mut Vec<u8>,
+        family: &Family,
+        snap: &process::ProcessSnapshot,
+        prefix: &str,
+    ) {
+        match &family.kind {
+            FamilyKind::Fixed(fixed) => self.render_fixed(body, family, fixed, prefix),
+            FamilyKind::Dynamic(dynamic) => render_dynamic(body, family, dynamic, prefix),
+            FamilyKind::Process(metric) => {
+                if let Some(v) = metric.value(snap) {
+                    write_sample(body, family.name, "", prefix, None, v);
+                }
+            }
+        }
+    }
+
+    fn render_fixed(&self, out: &mut Vec<u8>, family: &Family, fixed: &Fixed, prefix: &str) {
         let layout = &fixed.layout;
         let inner = &self.inner;
         for &rel in fixed.order.iter() {
             let series = layout.first_series + rel;
             let cell = layout.first_cell + rel * layout.cells_per_series;
-            let labels = fixed.labels.get(rel as usize).map_or("", String::as_str);
+            let own = fixed.labels.get(rel as usize).map_or("", String::as_str);
+            let joined;
+            let labels = if prefix.is_empty() {
+                own
+            } else {
+                joined = join_labels(prefix, own);
+                joined.as_str()
+            };
             match family.ty {
                 MetricType::Counter => {
                     let v = inner.sum_u64(cell);
@@ -237,7 +326,29 @@ impl Registry {
     }
 }
 
-fn render_dynamic(out: &mut Vec<u8>, family: &Family, dynamic: &Dynamic) {
+/// `# HELP` and `# TYPE` of a family.
+fn write_header(out: &mut Vec<u8>, family: &Family) {
+    out.extend_from_slice(b"# HELP ");
+    out.extend_from_slice(family.name.as_bytes());
+    out.push(b' ');
+    text::write_escaped_help(out, family.help);
+    out.extend_from_slice(b"\n# TYPE ");
+    out.extend_from_slice(family.name.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(family.ty.as_str().as_bytes());
+    out.push(b'\n');
+}
+
+/// `prefix,labels` (either may be empty).
+fn join_labels(prefix: &str, labels: &str) -> String {
+    match (prefix.is_empty(), labels.is_empty()) {
+        (_, true) => prefix.to_owned(),
+        (true, false) => labels.to_owned(),
+        (false, false) => format!("{prefix},{labels}"),
+    }
+}
+
+fn render_dynamic(out: &mut Vec<u8>, family: &Family, dynamic: &Dynamic, prefix: &str) {
     let table = dynamic.lock();
     let mut rows: Vec<(Vec<&str>, String, &DynamicSeries)> = table
         .iter()
@@ -257,7 +368,8 @@ fn render_dynamic(out: &mut Vec<u8>, family: &Family, dynamic: &Dynamic) {
                 text::write_escaped_label_value(&mut text, value);
                 text.push(b'"');
             }
-            (key, String::from_utf8(text).unwrap_or_default(), s)
+            let own = String::from_utf8(text).unwrap_or_default();
+            (key, join_labels(prefix, &own), s)
         })
         .collect();
     rows.sort_by(|a, b| a.0.cmp(&b.0));

@@ -145,3 +145,34 @@ fn nan_goes_to_inf_bucket() {
     assert_eq!(bucket_index(&[1.0, 2.0], 1.5), 1);
     assert_eq!(bucket_index(&[], 1.5), 0);
 }
+
+#[test]
+fn merged_render_labels_each_part_and_writes_families_once() {
+    let build = |with_own: bool| {
+        let mut b = Registry::builder();
+        let c = b.counter_vec("m_total", "Help.", &["code"], &[&["a", "b"]]);
+        let own = with_own.then(|| b.gauge("aa_process", "Own."));
+        let dynamic = b.dynamic_counter_vec("z_total", "Dyn.", &["reason"]);
+        (b.build(1), c, own, dynamic)
+    };
+    let (main, _, own, _) = build(true);
+    main.gauge(own.unwrap().series(&[])).set(3.0);
+    let (x, cx, _, dx) = build(false);
+    let (y, cy, _, _) = build(false);
+    x.counter(cx.series(&[1])).inc();
+    x.dynamic_counter_add(dx, &["r"], 2);
+    y.counter(cy.series(&[0])).add(5);
+    let mut out = Vec::new();
+    main.render_merged(&mut out, "cluster", &[("x", &x), ("y\"", &y)]);
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "# HELP aa_process Own.\n# TYPE aa_process gauge\naa_process 3\n\
+         # HELP m_total Help.\n# TYPE m_total counter\n\
+         m_total{cluster=\"x\",code=\"b\"} 1\nm_total{cluster=\"y\\\"\",code=\"a\"} 5\n\
+         # HELP z_total Dyn.\n# TYPE z_total counter\nz_total{cluster=\"x\",reason=\"r\"} 2\n"
+    );
+    // Without parts it is the plain exposition.
+    let mut plain = Vec::new();
+    main.render_merged(&mut plain, "cluster", &[]);
+    assert_eq!(plain, main.render_to_string().into_bytes());
+}

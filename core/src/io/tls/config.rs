@@ -112,6 +112,9 @@ pub struct ServerTlsOptions {
     pub limits: TlsLimits,
     /// Crypto provider; `None` = rustls' aws-lc-rs provider.
     pub provider: Option<Arc<CryptoProvider>>,
+    /// A further rule on client certificates that chained to `client_ca`
+    /// (unused without one): see [`super::sni::ClientIdentityCheck`].
+    pub client_check: Option<Arc<dyn super::sni::ClientIdentityCheck>>,
 }
 
 impl ServerTlsOptions {
@@ -127,6 +130,7 @@ impl ServerTlsOptions {
             extra_alpn: Vec::new(),
             limits: TlsLimits::default(),
             provider: None,
+            client_check: None,
         }
     }
 
@@ -150,7 +154,10 @@ impl ServerTlsOptions {
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                         .build()
                         .map_err(|e| Error::TlsConfig(format!("client CA {}: {e}", ca.name())))?;
-                builder.with_client_cert_verifier(verifier)
+                builder.with_client_cert_verifier(super::sni::CheckedClientVerifier::wrap(
+                    verifier,
+                    self.client_check.clone(),
+                ))
             }
             None => builder.with_no_client_auth(),
         };

@@ -16,6 +16,9 @@
 //! - [`layer`]: [`TlsLayer`] itself.
 //! - [`stream`]: [`TlsStream`], a small async adapter over monoio streams
 //!   with a handshake timeout, for tests and simple connections.
+//! - [`sni`]: [`ClientHelloPeek`] (the SNI of a connection before its
+//!   configuration is chosen) and [`ClientIdentityCheck`] (rules on client
+//!   certificates beyond the CA), for listeners shared by several tenants.
 //!
 //! The design, the verification rules and the flag mapping are written up in
 //! `docs/design/tls.md`.
@@ -23,6 +26,7 @@
 pub mod config;
 pub mod layer;
 pub mod pem;
+pub mod sni;
 pub mod stream;
 pub mod suites;
 
@@ -32,5 +36,7 @@ pub use config::{
 };
 pub use layer::{Plaintext, TlsLayer};
 pub use pem::PemSource;
+pub use rustls_pki_types::CertificateDer;
+pub use sni::{ClientHelloPeek, ClientIdentityCheck, PeekedHello};
 pub use stream::{TlsStream, handshake};
 pub use suites::{TlsMinVersion, TlsWarning};
