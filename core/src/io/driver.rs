@@ -26,8 +26,18 @@
 //! ([`DriverConfig::handshake_timeout`]), each socket write
 //! ([`DriverConfig::write_timeout`]: a peer that stops reading — a zero
 //! window or a full socket buffer — is disconnected), keepalive PINGs (in
-//! the HTTP/2 machine). Reads wait for the peer indefinitely, which is the
-//! keepalive's job to bound.
+//! the HTTP/2 machine), the wait for a read buffer while the memory budget
+//! is used up (`PoolConfig::acquire_timeout`). Reads wait for the peer
+//! indefinitely, which is the keepalive's job to bound.
+//!
+//! **Buffers.** Received bytes land in buffers of the worker's pool
+//! ([`super::pool::current`]): the socket's bytes directly for plaintext
+//! connections, the decrypted plaintext under TLS (the ciphertext only
+//! passes through a working buffer). The session hands out DATA payloads
+//! as slices of those buffers, so every received byte that waits in a
+//! queue is counted against the global memory budget, and a connection
+//! that cannot get a buffer stops reading — its peer is pushed back by TCP
+//! — while the others go on. An idle connection holds no read buffer.
 //!
 //! **Back-pressure.** The reader stops reading while the HTTP/2 machine has
 //! too many control replies queued ([`Connection::wants_read`]) and resumes
@@ -42,6 +52,7 @@ use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Split, Splitable};
 
 use super::notify::Notify;
+use super::pool::{BUF_CAPACITY, BufPool};
 use super::runtime::{Either, race};
 use super::sock::ReadReady;
 use super::tls::{Plaintext, TlsLayer};
@@ -49,15 +60,19 @@ use crate::Error;
 use konn_protocol::grpc::Grpc;
 use konn_protocol::h2::Connection;
 
-/// How much to read per read call.
+/// How much TLS ciphertext to read per read call.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// Room below which a pooled read buffer is replaced (see
+/// `Conn::make_room`): reads never shrink below this.
+const MIN_READ_ROOM: usize = 2048;
 
 /// Initial size of the writer's buffers.
 const WRITE_CHUNK: usize = 64 * 1024;
 
-/// A connection idle this long gives its read and write buffers back (the
-/// next data allocates them again): an idle connection then costs only its
-/// protocol state.
+/// A connection whose writer is idle this long gives its write buffers back
+/// (the next output allocates them again). Read buffers go back as soon as
+/// the reader waits for data.
 const IDLE_RELEASE: Duration = Duration::from_secs(1);
 
 /// Driver settings.
@@ -199,6 +214,12 @@ pub struct Conn<S, H> {
     wake_writer: Notify,
     wake_reader: Notify,
     wake_timer: Notify,
+    /// Where received bytes go (the worker's pool, see
+    /// [`super::pool::current`]).
+    pool: BufPool,
+    /// `plain` filled up while rustls still held plaintext: drain it before
+    /// waiting for the socket.
+    tls_backlog: Cell<bool>,
     /// Stops a read in flight (see [`Conn::stop_reader`]).
     closing: Notify,
     /// Latched with `closing`: the reader must end even if it was not
@@ -278,6 +299,8 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             wake_writer: Notify::new(),
             wake_reader: Notify::new(),
             wake_timer: Notify::new(),
+            tls_backlog: Cell::new(false),
+            pool: super::pool::current(),
             closing: Notify::new(),
             reader_stopped: Cell::new(false),
             closed: Cell::new(false),
@@ -513,39 +536,59 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         &self,
         rd: R,
     ) -> (Result<(), Error>, Option<R>, (BytesMut, BytesMut)) {
-        let (mut buf, mut plain) = self
-            .initial_input
-            .borrow_mut()
-            .take()
-            .unwrap_or_else(|| (BytesMut::with_capacity(READ_CHUNK), BytesMut::new()));
+        let (mut buf, mut plain) = self.initial_input.borrow_mut().take().unwrap_or_default();
         let mut rd = Some(rd);
         let r = self.read_inner(&mut rd, &mut buf, &mut plain).await;
         (r, rd, (buf, plain))
     }
 
-    /// Wait until `reader` has data (or EOF) with no read in flight, so an
-    /// idle connection holds no read buffer: after [`IDLE_RELEASE`] without
-    /// data, `buf`'s memory is released. Returns `false` when the reader
-    /// must stop instead.
-    async fn wait_readable<R: ReadReady>(
-        &self,
-        reader: &R,
-        buf: &mut BytesMut,
-        relaxed: bool,
-    ) -> Result<bool, Error> {
-        let first = race(
-            reader.read_ready(relaxed),
-            race(self.closing.notified(), monoio::time::sleep(IDLE_RELEASE)),
-        )
-        .await;
-        match first {
-            Either::Left(r) => return r.map(|()| true).map_err(Error::Io),
-            Either::Right(Either::Left(())) => return Ok(false),
-            Either::Right(Either::Right(())) => *buf = BytesMut::new(),
-        }
-        match race(reader.read_ready(false), self.closing.notified()).await {
+    /// Wait until `reader` has data (or EOF) with no read in flight.
+    /// Returns `false` when the reader must stop instead.
+    async fn wait_readable<R: ReadReady>(&self, reader: &R, relaxed: bool) -> Result<bool, Error> {
+        match race(reader.read_ready(relaxed), self.closing.notified()).await {
             Either::Left(r) => r.map(|()| true).map_err(Error::Io),
             Either::Right(()) => Ok(false),
+        }
+    }
+
+    /// Makes sure `b` has room for a read of at least [`MIN_READ_ROOM`]
+    /// bytes (or whatever a pooled buffer has left after its unprocessed
+    /// rest). A buffer with less room is replaced by one from the pool, the
+    /// rest (at most one partial frame) copied over; the old one lives on
+    /// in the slices the session handed out and returns to the pool with
+    /// the last of them. Waits for a buffer while the memory budget is used
+    /// up — the connection then stops reading, and TCP pushes back on its
+    /// peer — at most [`PoolConfig::acquire_timeout`]
+    /// (`Error::BufferWaitTimeout`). Returns `false` when the reader must
+    /// stop instead.
+    ///
+    /// [`PoolConfig::acquire_timeout`]: super::pool::PoolConfig::acquire_timeout
+    async fn make_room(&self, b: &mut BytesMut) -> Result<bool, Error> {
+        if b.capacity() - b.len() >= MIN_READ_ROOM {
+            return Ok(true);
+        }
+        if b.len() >= BUF_CAPACITY {
+            // A frame larger than a pooled buffer (only when a larger
+            // SETTINGS_MAX_FRAME_SIZE was configured): grow outside the pool.
+            b.reserve(b.len());
+            return Ok(true);
+        }
+        // Drop an empty buffer first, so the pool can lend it again.
+        let rest = std::mem::take(b);
+        let rest = (!rest.is_empty()).then_some(rest);
+        match race(self.pool.acquire(), self.closing.notified()).await {
+            Either::Left(fresh) => {
+                let mut fresh = fresh?;
+                if let Some(rest) = rest {
+                    fresh.extend_from_slice(&rest);
+                }
+                *b = fresh;
+                Ok(true)
+            }
+            Either::Right(()) => {
+                *b = rest.unwrap_or_default();
+                Ok(false)
+            }
         }
     }
 
@@ -580,20 +623,37 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 race(self.wake_reader.notified(), self.closing.notified()).await;
                 continue;
             }
-            if tls && !buf.is_empty() {
-                // Ciphertext rustls could not take yet (its buffer was full).
-                self.feed_tls(buf, plain)?;
-                if !plain.is_empty() {
+            if tls && (!buf.is_empty() || self.tls_backlog.get()) {
+                // Ciphertext rustls could not take yet (its plaintext was
+                // full), or plaintext that did not fit `plain`.
+                if !self.make_room(plain).await? {
+                    return Ok(());
+                }
+                if self.feed_tls(buf, plain)? {
                     continue;
                 }
             }
             let Some(reader) = rd.as_mut() else {
                 return Ok(());
             };
-            if buf.is_empty() && !self.wait_readable(reader, buf, relaxed).await? {
-                return Ok(()); // stopping
+            if buf.is_empty() {
+                // Nothing unprocessed: hold no buffer while waiting, so an
+                // idle connection costs only its protocol state.
+                *buf = BytesMut::new();
+                if plain.is_empty() {
+                    *plain = BytesMut::new();
+                }
+                if !self.wait_readable(reader, relaxed).await? {
+                    return Ok(()); // stopping
+                }
             }
-            buf.reserve(READ_CHUNK);
+            if tls {
+                // Ciphertext only lives until rustls has copied it: a
+                // working buffer of the connection, not a pooled one.
+                buf.reserve(READ_CHUNK);
+            } else if !self.make_room(buf).await? {
+                return Ok(());
+            }
             let len = buf.len();
             let want = buf.capacity() - len;
             let owned = std::mem::take(buf);
@@ -618,6 +678,9 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 return Ok(());
             }
             if tls {
+                if !self.make_room(plain).await? {
+                    return Ok(());
+                }
                 self.feed_tls(buf, plain)?;
                 // A TLS handshake or key update may need an answer.
                 self.wake_writer.notify();
@@ -625,16 +688,26 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         }
     }
 
-    /// Move ciphertext from `buf` through rustls into `plain`.
-    fn feed_tls(&self, buf: &mut BytesMut, plain: &mut BytesMut) -> Result<(), Error> {
+    /// Move ciphertext from `buf` through rustls into `plain`, as far as
+    /// `plain` has room (it never grows: it is a pooled buffer). Returns
+    /// whether anything moved.
+    fn feed_tls(&self, buf: &mut BytesMut, plain: &mut BytesMut) -> Result<bool, Error> {
         let mut tls = self.tls.borrow_mut();
-        let Some(t) = tls.as_mut() else { return Ok(()) };
+        let Some(t) = tls.as_mut() else {
+            return Ok(false);
+        };
+        let before = (buf.len(), plain.len());
         loop {
-            let used = t.feed_tls(buf)?;
-            buf.advance(used);
+            // Drain what rustls holds first, then feed it more.
             let mut eof = false;
             loop {
-                match t.read_plaintext(plain)? {
+                let room = plain.capacity() - plain.len();
+                // A full `plain` may leave plaintext inside rustls.
+                self.tls_backlog.set(room == 0);
+                if room == 0 {
+                    break;
+                }
+                match t.read_plaintext_bounded(plain, room)? {
                     Plaintext::Data(_) => {}
                     Plaintext::Empty => break,
                     Plaintext::Eof => {
@@ -643,10 +716,16 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                     }
                 }
             }
-            if eof || buf.is_empty() || used == 0 {
-                return Ok(());
+            if eof || buf.is_empty() || plain.capacity() == plain.len() {
+                break;
+            }
+            let used = t.feed_tls(buf)?;
+            buf.advance(used);
+            if used == 0 {
+                break;
             }
         }
+        Ok((buf.len(), plain.len()) != before)
     }
 
     /// Returns the write half when stopping for a detach.

@@ -46,7 +46,19 @@
 //! caller stops reading from that socket) and raises a shared *pressure*
 //! flag that makes every pool shrink its idle list and return spare credit
 //! at its next maintenance pass. [`BufPool::acquire`] instead waits,
-//! re-checking every [`ACQUIRE_RETRY`]; callers bound it with a deadline.
+//! re-checking with a back-off from [`ACQUIRE_RETRY`] to
+//! [`ACQUIRE_RETRY_MAX`], and gives up with [`Error::BufferWaitTimeout`]
+//! after [`PoolConfig::acquire_timeout`]: every wait for a buffer has a
+//! deadline.
+//!
+//! # The current pool
+//!
+//! Each worker installs its pool as the thread's [`current`] pool; the
+//! connection driver (`io::driver`) reads into buffers from it, so the
+//! budget bounds every received byte that waits in a queue. A thread that
+//! never installed one gets a pool of its own with the default settings on
+//! first use (tests on a bare runtime).
+//!
 //! `docs/design/buffers.md` has the full story.
 
 use std::{
@@ -91,8 +103,16 @@ const _: () = assert!(BUF_CAPACITY >= MAX_FRAME_WIRE_LEN);
 const _: () =
     assert!(data_header_len(i64::MIN, MAX_DATA_PAYLOAD) + MAX_DATA_PAYLOAD <= H2_MAX_FRAME_PAYLOAD);
 
-/// How often [`BufPool::acquire`] re-checks an exhausted budget.
+/// First re-check of an exhausted budget by [`BufPool::acquire`]; the
+/// interval doubles up to [`ACQUIRE_RETRY_MAX`].
 pub const ACQUIRE_RETRY: Duration = Duration::from_millis(1);
+
+/// Longest interval between two re-checks of an exhausted budget.
+pub const ACQUIRE_RETRY_MAX: Duration = Duration::from_millis(32);
+
+/// Default of [`PoolConfig::acquire_timeout`]: the default of
+/// `--write-timeout`, the other "no progress" deadline of a connection.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Buffers checked at the most-recently-lent end on a miss (LIFO reuse keeps
 /// hot memory in cache).
@@ -114,6 +134,9 @@ pub struct PoolConfig {
     pub scan_window: usize,
     /// Period of each worker's full reclaim pass. Default 100 ms.
     pub maintenance_interval: Duration,
+    /// Longest wait of [`BufPool::acquire`] for a buffer while the budget
+    /// is used up. Default [`DEFAULT_ACQUIRE_TIMEOUT`].
+    pub acquire_timeout: Duration,
 }
 
 impl Default for PoolConfig {
@@ -124,6 +147,7 @@ impl Default for PoolConfig {
             credit_chunk: 32,
             scan_window: 8,
             maintenance_interval: Duration::from_millis(100),
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
         }
     }
 }
@@ -141,6 +165,11 @@ impl PoolConfig {
         if self.maintenance_interval.is_zero() {
             return Err(Error::InvalidConfig(
                 "pool.maintenance_interval must be positive",
+            ));
+        }
+        if self.acquire_timeout.is_zero() {
+            return Err(Error::InvalidConfig(
+                "pool.acquire_timeout must be positive",
             ));
         }
         Ok(())
@@ -278,6 +307,7 @@ pub struct BufPool {
 
 struct LocalPool {
     budget: MemoryBudget,
+    acquire_timeout: Duration,
     max_idle: usize,
     credit_chunk: usize,
     scan_window: usize,
@@ -297,6 +327,7 @@ impl BufPool {
         Self {
             inner: Rc::new(RefCell::new(LocalPool {
                 budget: budget.clone(),
+                acquire_timeout: config.acquire_timeout,
                 max_idle: config.max_idle_per_core,
                 credit_chunk: config.credit_chunk.max(1),
                 scan_window: config.scan_window,
@@ -320,19 +351,47 @@ impl BufPool {
     pub fn try_acquire(&self) -> Result<BytesMut, Error> {
         self.inner
             .borrow_mut()
-            .acquire()
+            .acquire(true)
             .ok_or(Error::BufferBudgetExhausted)
     }
 
     /// Like [`try_acquire`](Self::try_acquire) but waits while the budget
-    /// is exhausted, re-checking every [`ACQUIRE_RETRY`]. Needs a runtime
-    /// with timers; bound it with `monoio::time::timeout`.
-    pub async fn acquire(&self) -> BytesMut {
+    /// is used up, at most [`PoolConfig::acquire_timeout`]. Needs a runtime
+    /// with timers.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferWaitTimeout`] when no buffer came back in time.
+    pub async fn acquire(&self) -> Result<BytesMut, Error> {
+        let limit = self.inner.borrow().acquire_timeout;
+        self.acquire_within(limit).await
+    }
+
+    /// [`acquire`](Self::acquire) with its own deadline. Returns are only
+    /// visible as reference counts dropping, so nothing can wake a waiter:
+    /// it re-checks with a back-off from [`ACQUIRE_RETRY`] to
+    /// [`ACQUIRE_RETRY_MAX`]. One refusal is counted per wait, not per
+    /// re-check.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferWaitTimeout`] after `limit`.
+    pub async fn acquire_within(&self, limit: Duration) -> Result<BytesMut, Error> {
+        if let Some(buf) = self.inner.borrow_mut().acquire(true) {
+            return Ok(buf);
+        }
+        let deadline = monoio::time::Instant::now() + limit;
+        let mut delay = ACQUIRE_RETRY;
         loop {
-            if let Ok(buf) = self.try_acquire() {
-                return buf;
+            let left = deadline.saturating_duration_since(monoio::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::BufferWaitTimeout(limit));
             }
-            monoio::time::sleep(ACQUIRE_RETRY).await;
+            monoio::time::sleep(delay.min(left)).await;
+            if let Some(buf) = self.inner.borrow_mut().acquire(false) {
+                return Ok(buf);
+            }
+            delay = (delay * 2).min(ACQUIRE_RETRY_MAX);
         }
     }
 
@@ -362,6 +421,47 @@ impl BufPool {
     }
 }
 
+thread_local! {
+    static CURRENT: RefCell<Option<BufPool>> = const { RefCell::new(None) };
+}
+
+/// The pool of the worker running on this thread (see the module docs).
+/// A thread without one gets its own pool with [`PoolConfig::default`] and
+/// a budget of its own on first use.
+pub fn current() -> BufPool {
+    CURRENT.with(|c| {
+        c.borrow_mut()
+            .get_or_insert_with(|| {
+                let config = PoolConfig::default();
+                BufPool::new(&MemoryBudget::new(config.budget_bytes), &config)
+            })
+            .clone()
+    })
+}
+
+/// Makes `pool` this thread's [`current`] pool until the guard is dropped
+/// (which restores the previous one).
+pub fn install(pool: BufPool) -> CurrentPoolGuard {
+    CurrentPoolGuard(CURRENT.with(|c| c.replace(Some(pool))))
+}
+
+/// Restores the previously [`current`] pool when dropped.
+#[must_use = "the pool is only current while the guard lives"]
+pub struct CurrentPoolGuard(Option<BufPool>);
+
+impl Drop for CurrentPoolGuard {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+impl fmt::Debug for CurrentPoolGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CurrentPoolGuard").finish_non_exhaustive()
+    }
+}
+
 impl fmt::Debug for BufPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BufPool")
@@ -371,7 +471,9 @@ impl fmt::Debug for BufPool {
 }
 
 impl LocalPool {
-    fn acquire(&mut self) -> Option<BytesMut> {
+    /// One buffer, or `None` when the budget is used up; `count` says
+    /// whether a refusal is counted (and raises the pressure flag).
+    fn acquire(&mut self, count: bool) -> Option<BytesMut> {
         if let Some(anchor) = self.idle.pop() {
             self.hits += 1;
             return Some(self.lend(anchor));
@@ -391,8 +493,10 @@ impl LocalPool {
                 self.hits += 1;
                 return Some(self.lend(anchor));
             }
-            self.exhausted += 1;
-            self.budget.shared.exhausted.fetch_add(1, Ordering::Relaxed);
+            if count {
+                self.exhausted += 1;
+                self.budget.shared.exhausted.fetch_add(1, Ordering::Relaxed);
+            }
             self.budget.shared.pressure.store(true, Ordering::Relaxed);
             return None;
         }

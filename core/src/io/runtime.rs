@@ -22,7 +22,9 @@
 //!
 //! Each worker gets a [`WorkerCtx`]: its index, the engine, a sender into the
 //! cross-core [`Mesh`] and its own inbox, a [`StopToken`],
-//! and its per-core [`BufPool`]. A worker also runs a small maintenance task that lets its buffer
+//! and its per-core [`BufPool`] (also installed as the thread's
+//! [`current`](super::pool::current) pool, which the connection driver reads
+//! into). A worker also runs a small maintenance task that lets its buffer
 //! pool reclaim and trim memory ([`PoolConfig::maintenance_interval`]).
 //!
 //! # Stopping
@@ -518,6 +520,7 @@ where
         runtime.block_on(async move {
             let stop = stopper.token();
             let buffers = BufPool::new(&budget, &pool);
+            let _current = super::pool::install(buffers.clone());
             let maintenance = monoio::spawn(maintain_pool(
                 buffers.clone(),
                 stop.clone(),
