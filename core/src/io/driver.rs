@@ -42,6 +42,10 @@
 //! **Back-pressure.** The reader stops reading while the HTTP/2 machine has
 //! too many control replies queued ([`Connection::wants_read`]) and resumes
 //! when the writer has flushed them.
+//!
+//! **Timers.** Input and commands usually only move the keepalive deadline
+//! later; the timer task is woken only when a deadline comes sooner than the
+//! one it sleeps towards.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -214,6 +218,10 @@ pub struct Conn<S, H> {
     wake_writer: Notify,
     wake_reader: Notify,
     wake_timer: Notify,
+    /// The session deadline the timer task sleeps towards (`None`: it
+    /// waits for a notification only). A later deadline needs no wake-up:
+    /// the timer finds it when it fires (see [`Conn::poke_timer`]).
+    armed: Cell<Option<Instant>>,
     /// Where received bytes go (the worker's pool, see
     /// [`super::pool::current`]).
     pool: BufPool,
@@ -299,6 +307,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             wake_writer: Notify::new(),
             wake_reader: Notify::new(),
             wake_timer: Notify::new(),
+            armed: Cell::new(None),
             tls_backlog: Cell::new(false),
             pool: super::pool::current(),
             closing: Notify::new(),
@@ -349,7 +358,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         };
         self.0.dispatch();
         self.0.wake_writer.notify();
-        self.0.wake_timer.notify();
+        self.0.poke_timer();
         Ok(r)
     }
 
@@ -510,6 +519,21 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         }
     }
 
+    /// Wakes the timer task if the session's next deadline comes before the
+    /// one it sleeps towards. Most input and commands only move the
+    /// keepalive deadline later; those cost no wake-up and no new timer.
+    fn poke_timer(&self) {
+        let next = self.session.borrow().h2().poll_timeout();
+        let sooner = match (next, self.armed.get()) {
+            (Some(next), Some(armed)) => next < armed,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if sooner {
+            self.wake_timer.notify();
+        }
+    }
+
     /// Mark the connection finished, remembering the first error.
     fn finish(&self, err: Option<Error>) {
         if let Some(e) = err {
@@ -611,7 +635,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                         .handle_input(super::clock::now(), input);
                     self.dispatch();
                     self.wake_writer.notify();
-                    self.wake_timer.notify();
+                    self.poke_timer();
                     // On error GOAWAY is queued; the writer flushes it and ends.
                     r?;
                 }
@@ -820,12 +844,9 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 .borrow()
                 .as_ref()
                 .is_some_and(|t| t.is_handshaking());
-            let h2_deadline = self
-                .session
-                .borrow()
-                .h2()
-                .poll_timeout()
-                .map(monoio::time::Instant::from_std);
+            let h2_next = self.session.borrow().h2().poll_timeout();
+            self.armed.set(h2_next);
+            let h2_deadline = h2_next.map(monoio::time::Instant::from_std);
             let deadline = match (handshaking, h2_deadline) {
                 (true, Some(d)) => Some(d.min(handshake_deadline)),
                 (true, None) => Some(handshake_deadline),
