@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! konn-bench compare [--quick] [--reps N] [--upstream DIR] [--konn DIR]
-//!                    [--engines io-uring,epoll] [--idle N] [--only S1,S3,…]
+//!                    [--engines io-uring[:SETUP],epoll] [--idle N] [--only S1,S3,…]
 //!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--no-pin]
+//!                    [--also NAME=DIR:ENGINE]...
 //! konn-bench idle [--connections N] [--impl NAME=DIR]...
 //! ```
 //!
@@ -13,7 +14,9 @@
 //!   `target/interop/upstream`) and konn under each io engine
 //!   (`--konn`, default: the binaries next to this executable),
 //!   interleaved by repetition; writes `results.json`, `results.md` and an
-//!   SVG per scenario to `--out` (default `docs/benchmarks`). With
+//!   SVG per scenario to `--out` (default `docs/benchmarks`). `--also`
+//!   adds another konn build (e.g. the one before a change) with one
+//!   engine, interleaved with the rest. With
 //!   `--quick` it runs only S1 and S3 for konn's default engine against
 //!   upstream, writes nothing unless `--out` is given, and exits with 1
 //!   when konn's S1 throughput is below `--min-s1` (1.0) × upstream's or
@@ -69,11 +72,18 @@ impl Drop for WorkDir {
     }
 }
 
+/// konn's binaries in `dir` with one worker; `engine` is an `--io-engine`
+/// value, optionally followed by `:SETUP` to pick the io_uring ring setup
+/// (`KONN_IO_URING_SETUP`: `defer`, `coop`, `plain`) for a comparison.
 fn konn_bins(name: &str, dir: &Path, engine: Option<&str>) -> Binaries {
     let mut b = Binaries::in_dir(name, dir);
     let mut flags = vec!["--workers=1".to_owned()];
     if let Some(e) = engine {
+        let (e, setup) = e.split_once(':').map_or((e, None), |(e, s)| (e, Some(s)));
         flags.push(format!("--io-engine={e}"));
+        if let Some(setup) = setup {
+            b.env.push(("KONN_IO_URING_SETUP".into(), setup.into()));
+        }
     }
     b.server_flags = flags.clone();
     b.agent_flags = flags;
@@ -90,6 +100,7 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut out = None;
     let mut only = Vec::new();
     let mut no_pin = false;
+    let mut extra = Vec::new();
     let mut margins = Margins {
         min_s1: 1.0,
         max_s3: 2.0,
@@ -108,6 +119,14 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             "--out" => out = Some(PathBuf::from(val("a directory")?)),
             "--min-s1" => margins.min_s1 = val("a ratio")?.parse()?,
             "--max-s3" => margins.max_s3 = val("a ratio")?.parse()?,
+            "--also" => {
+                let v = val("NAME=DIR:ENGINE")?;
+                let (name, rest) = v.split_once('=').context("--also needs NAME=DIR:ENGINE")?;
+                let (dir, engine) = rest
+                    .split_once(':')
+                    .context("--also needs NAME=DIR:ENGINE")?;
+                extra.push(konn_bins(name, Path::new(dir), Some(engine)));
+            }
             other => bail!("unknown argument {other:?}"),
         }
     }
@@ -135,6 +154,7 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             impls.push(konn_bins(&format!("konn-{e}"), &konn_dir, Some(e)));
         }
     }
+    impls.extend(extra);
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let pin = (cpus >= 2 && !no_pin).then(|| (0, vec![1]));
     let cfg = Config {

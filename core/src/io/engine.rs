@@ -192,6 +192,13 @@ impl ResolvedEngine {
     /// Logs the choice once at start-up (`info`, or `warn` for a fallback).
     pub fn log(&self, workers: usize) {
         match &self.fallback {
+            None if self.engine == Engine::IoUring => tracing::info!(
+                engine = %self.engine,
+                requested = %self.requested,
+                ring_setup = RingSetup::chosen().as_str(),
+                workers,
+                "io engine selected"
+            ),
             None => tracing::info!(
                 engine = %self.engine,
                 requested = %self.requested,
@@ -271,6 +278,76 @@ fn blocking_pool() -> monoio::blocking::DefaultThreadPool {
         .clone()
 }
 
+/// How each worker's io_uring is set up: the task-running modes of the
+/// kernel, newest first. konn's rings are used by their worker thread only,
+/// so the strictest mode the kernel has is safe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingSetup {
+    /// `IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN` (Linux
+    /// 6.1): completion work runs only when the worker enters the kernel to
+    /// wait, in one batch, instead of interrupting it whenever a socket
+    /// becomes ready.
+    DeferTaskrun,
+    /// `IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG` (Linux 5.19):
+    /// no inter-processor interrupt for completion work; the worker runs it
+    /// at its next system call.
+    CoopTaskrun,
+    /// No flags (what monoio sets up by default).
+    Plain,
+}
+
+impl RingSetup {
+    /// Every mode, preferred first.
+    pub const ALL: [Self; 3] = [Self::DeferTaskrun, Self::CoopTaskrun, Self::Plain];
+
+    /// Name for logs and `KONN_IO_URING_SETUP`: `defer`, `coop`, `plain`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::DeferTaskrun => "defer",
+            Self::CoopTaskrun => "coop",
+            Self::Plain => "plain",
+        }
+    }
+
+    fn builder(self) -> io_uring::Builder {
+        let mut b = io_uring::IoUring::builder();
+        match self {
+            Self::DeferTaskrun => {
+                b.setup_single_issuer().setup_defer_taskrun();
+            }
+            Self::CoopTaskrun => {
+                b.setup_coop_taskrun().setup_taskrun_flag();
+            }
+            Self::Plain => {}
+        }
+        b
+    }
+
+    /// The mode the workers use: the first of [`RingSetup::ALL`] this
+    /// kernel accepts (probed once per process with a small ring), or the
+    /// one named by the environment variable `KONN_IO_URING_SETUP`
+    /// (`defer`, `coop`, `plain`; for measurements) if the kernel accepts
+    /// it.
+    pub fn chosen() -> Self {
+        static CHOSEN: OnceLock<RingSetup> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let accepted = |mode: Self| mode.builder().build(PROBE_ENTRIES).is_ok();
+            let wanted = std::env::var("KONN_IO_URING_SETUP").ok();
+            if let Some(mode) = Self::ALL
+                .into_iter()
+                .find(|m| wanted.as_deref() == Some(m.as_str()))
+                && accepted(mode)
+            {
+                return mode;
+            }
+            Self::ALL
+                .into_iter()
+                .find(|&m| accepted(m))
+                .unwrap_or(Self::Plain)
+        })
+    }
+}
+
 impl EngineRuntime {
     pub(super) fn build(engine: Engine, entries: u32) -> io::Result<Self> {
         #[cfg(test)]
@@ -288,6 +365,7 @@ impl EngineRuntime {
         Ok(match engine {
             Engine::IoUring => Self::IoUring(
                 RuntimeBuilder::<IoUringDriver>::new()
+                    .uring_builder(RingSetup::chosen().builder())
                     .with_entries(entries)
                     .enable_timer()
                     .attach_thread_pool(Box::new(blocking_pool()))

@@ -56,7 +56,7 @@ use crate::Error;
 use super::engine::FAIL_URING_BUILDS;
 pub use super::engine::{
     BLOCKING_THREADS, DEFAULT_URING_ENTRIES, Engine, IoEngine, PROBE_ENTRIES, ResolvedEngine,
-    available_engines, block_on, current_engine, io_uring_hint, probe_io_uring,
+    RingSetup, available_engines, block_on, current_engine, io_uring_hint, probe_io_uring,
     probe_io_uring_entries, resolve, resolve_with_probe, run_on_each_engine,
 };
 use super::engine::{EngineRuntime, settle_io};
