@@ -710,8 +710,13 @@ async fn read_endpoint(
             race(ctx.writable.wait(), ep.stop_reader.notified()).await;
             continue;
         }
-        // Idle endpoints hold no buffer: wait for data first.
-        if let Either::Right(_) = race(sock::readable(&rd, full), ep.stop_reader.notified()).await {
+        // Idle endpoints hold no buffer: wait for data first — unless the
+        // last read filled its buffer, when more is most likely waiting
+        // (io_uring: one poll operation less per read).
+        if !full
+            && let Either::Right(_) =
+                race(sock::readable(&rd, false), ep.stop_reader.notified()).await
+        {
             return;
         }
         // The memory budget staying used up for the pool's whole deadline

@@ -24,7 +24,8 @@ use monoio::net::{TcpListener, TcpStream};
 /// Payload of one message: fits one HTTP/2 frame with its gRPC prefix, so
 /// the server receives it as a slice of its read buffer.
 const MSG: usize = 16_000;
-/// Buffers in the server's budget.
+/// Frame-sized buffers in the server's budget: one large read buffer of a
+/// plaintext connection (`LARGE_BUF_UNITS`).
 const BUDGET: usize = 4;
 /// Bytes the hoarding connection's client sends: far more than the budget,
 /// well within the server's 1 MiB stream window (so only the budget can
