@@ -110,6 +110,42 @@ impl<A: Future, B: Future> Future for Join<A, B> {
     }
 }
 
+/// Polls `fut` to completion and drops `guard` right after it (or with
+/// the future, if it is dropped first). A named future for the reason
+/// given at [`race`]: `async move { let _g = guard; fut.await }` keeps
+/// `fut` twice in its state — once captured, once as the awaited value —
+/// so a task spawned through such a wrapper costs twice its future.
+pub fn with_guard<F: Future, G>(fut: F, guard: G) -> Guarded<F, G> {
+    Guarded {
+        fut,
+        guard: Some(guard),
+    }
+}
+
+/// The future of [`with_guard`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Guarded<F, G> {
+    fut: F,
+    guard: Option<G>,
+}
+
+impl<F: Future, G> Future for Guarded<F, G> {
+    type Output = F::Output;
+
+    #[allow(unsafe_code)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: structural pinning of `fut` only (see `Race`): it is never
+        // moved out of a pinned `Guarded`; `guard` is not pinned and is
+        // only dropped in place. No `Drop` impl.
+        let this = unsafe { self.get_unchecked_mut() };
+        // SAFETY: as above.
+        let out = std::task::ready!(unsafe { Pin::new_unchecked(&mut this.fut) }.poll(cx));
+        this.guard = None;
+        Poll::Ready(out)
+    }
+}
+
 /// Lets the other tasks of this worker run once: wakes itself and returns
 /// `Pending` a single time (monoio queues a woken task at the back).
 pub async fn yield_now() {
@@ -143,6 +179,38 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, Either::Right(2));
+    }
+
+    #[test]
+    fn guard_drops_when_the_future_is_done() {
+        use std::{cell::Cell, rc::Rc};
+        struct Flag(Rc<Cell<bool>>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.set(true);
+            }
+        }
+        let dropped = Rc::new(Cell::new(false));
+        let seen = dropped.clone();
+        let out = block_on(Engine::Epoll, async move {
+            let fut = async {
+                monoio::time::sleep(Duration::from_millis(1)).await;
+                assert!(!seen.get(), "guard kept while the future runs");
+                5
+            };
+            with_guard(fut, Flag(seen.clone())).await
+        })
+        .unwrap();
+        assert_eq!(out, 5);
+        assert!(dropped.get());
+        // Not twice the future: only the guard's slot on top.
+        let fut = async {
+            let big = [0u8; 4096];
+            monoio::time::sleep(Duration::from_millis(1)).await;
+            big.len()
+        };
+        let guarded = size_of_val(&with_guard(fut, ()));
+        assert!(guarded < 2 * 4096, "{guarded}");
     }
 
     #[test]

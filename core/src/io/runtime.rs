@@ -60,7 +60,7 @@ pub use super::engine::{
     probe_io_uring_entries, resolve, resolve_with_probe, run_on_each_engine,
 };
 use super::engine::{EngineRuntime, settle_io};
-pub use super::future::{Either, Join, Race, join, race, yield_now};
+pub use super::future::{Either, Guarded, Join, Race, join, race, with_guard, yield_now};
 pub use super::stop::{StopToken, Stopped, Stopper};
 
 /// Settings of [`Workers::start`].
