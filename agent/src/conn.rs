@@ -812,25 +812,35 @@ async fn read_endpoint(
             race(ctx.writable.wait(), ep.stop_reader.notified()).await;
             continue;
         }
-        // Idle endpoints hold no buffer: wait for data first.
-        if let Either::Right(_) = race(sock::readable(&rd, full), ep.stop_reader.notified()).await {
+        // Idle endpoints hold no buffer: wait for data first — unless the
+        // last read filled its buffer, when more is most likely waiting
+        // (io_uring: one poll operation less per read).
+        if !full
+            && let Either::Right(_) =
+                race(sock::readable(&rd, false), ep.stop_reader.notified()).await
+        {
             return;
         }
-        let mut buf = ctx.pool.acquire().await;
-        buf.resize(HEADROOM, 0);
-        let read = rd.read(buf.slice_mut(HEADROOM..HEADROOM + MAX_DATA_PAYLOAD));
-        let (res, slice) = match race(read, ep.stop_reader.notified()).await {
-            Either::Left(r) => r,
-            Either::Right(()) => return,
+        // The memory budget staying used up for the pool's whole deadline
+        // ends the connection like a read error.
+        let (res, mut buf) = match ctx.pool.acquire().await {
+            Ok(mut buf) => {
+                buf.resize(HEADROOM, 0);
+                let read = rd.read(buf.slice_mut(HEADROOM..HEADROOM + MAX_DATA_PAYLOAD));
+                match race(read, ep.stop_reader.notified()).await {
+                    Either::Left((res, slice)) => (res, slice.into_inner()),
+                    Either::Right(()) => return,
+                }
+            }
+            Err(_) => (Ok(0), BytesMut::new()),
         };
-        let mut buf = slice.into_inner();
         let n = match res {
             Ok(n) if n > 0 => {
                 full = n == MAX_DATA_PAYLOAD;
                 n
             }
-            // EOF or a read error: everything read so far is already queued
-            // on the tunnel, so CLOSE_RSP follows it.
+            // EOF, a read error or no buffer: everything read so far is
+            // already queued on the tunnel, so CLOSE_RSP follows it.
             _ => {
                 if let Some(h) = me.upgrade() {
                     let _ = h.with(|g, t| {

@@ -116,6 +116,9 @@ pub enum Error {
     /// The global buffer memory budget is used up: the caller must stop
     /// reading until buffers are released.
     BufferBudgetExhausted,
+    /// No buffer became available within this time while the budget stayed
+    /// used up: the connection waiting for one is closed.
+    BufferWaitTimeout(Duration),
 
     // ---- cross-core hand-off (io::xcore) ----
     /// Detaching a socket from one worker or attaching it to another failed.
@@ -325,6 +328,10 @@ impl fmt::Display for Error {
             }
             Self::WorkerPanicked { worker } => write!(f, "worker {worker} panicked"),
             Self::BufferBudgetExhausted => f.write_str("buffer memory budget exhausted"),
+            Self::BufferWaitTimeout(d) => write!(
+                f,
+                "no I/O buffer within {d:?}: the buffer memory budget (--memory-budget) stayed used up"
+            ),
             Self::Migrate(cause) => {
                 write!(f, "moving a socket between workers failed: {cause}")
             }

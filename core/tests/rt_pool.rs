@@ -124,15 +124,45 @@ fn async_acquire_waits_for_a_release() {
         assert!(pool.try_acquire().is_err());
         let waiter = {
             let pool = pool.clone();
-            monoio::spawn(async move { pool.acquire().await.capacity() })
+            monoio::spawn(async move { pool.acquire().await.map(|b| b.capacity()) })
         };
         yield_now().await;
         drop(held);
         let capacity = monoio::time::timeout(Duration::from_secs(10), waiter)
             .await
             .expect("acquire completes once the buffer is back");
-        assert_eq!(capacity, BUF_CAPACITY);
+        assert_eq!(capacity.unwrap(), BUF_CAPACITY);
         assert!(pool.stats().exhausted >= 1);
+    });
+}
+
+#[test]
+fn async_acquire_gives_up_at_its_deadline() {
+    run_on_each_engine(|_engine| async {
+        let budget = MemoryBudget::new(BUF_CAPACITY);
+        let pool = BufPool::new(
+            &budget,
+            &PoolConfig {
+                credit_chunk: 1,
+                acquire_timeout: Duration::from_millis(50),
+                ..PoolConfig::default()
+            },
+        );
+        let _held = pool.try_acquire().unwrap();
+        let waited = monoio::time::Instant::now();
+        let outcome = monoio::time::timeout(Duration::from_secs(10), pool.acquire())
+            .await
+            .expect("the pool's own deadline ends the wait");
+        assert!(matches!(
+            outcome,
+            Err(konn_core::Error::BufferWaitTimeout(d)) if d == Duration::from_millis(50)
+        ));
+        assert!(waited.elapsed() >= Duration::from_millis(50));
+        assert_eq!(
+            pool.stats().exhausted,
+            1,
+            "a wait counts once, not per re-check"
+        );
     });
 }
 

@@ -635,7 +635,11 @@ pub(crate) async fn relay_established(
             if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable(full)).await {
                 continue;
             }
-            let mut buf = worker.pool.acquire().await;
+            // The budget stayed used up for the pool's deadline: end as
+            // on a read error.
+            let Ok(mut buf) = worker.pool.acquire().await else {
+                return;
+            };
             buf.resize(HEADROOM, 0);
             let (r, buf) = wire
                 .sock

@@ -3,10 +3,13 @@
 //!
 //! ```text
 //! konn-bench compare [--quick] [--reps N] [--upstream DIR] [--konn DIR]
-//!                    [--engines io-uring,epoll] [--idle N] [--only S1,S3,…]
-//!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--no-pin]
+//!                    [--engines io-uring[:SETUP],epoll] [--idle N] [--only S1,S3,…]
+//!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--min-s4 RATIO] [--no-pin]
+//!                    [--also NAME=DIR:ENGINE]...
 //! konn-bench idle [--connections N] [--impl NAME=DIR]...
 //! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
+//! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
+//!                   [--kernel io-uring,epoll]
 //! ```
 //!
 //! - `compare`: the side-by-side run of docs/BENCHMARKS.md: S1–S8 for the
@@ -14,11 +17,21 @@
 //!   `target/interop/upstream`) and konn under each io engine
 //!   (`--konn`, default: the binaries next to this executable),
 //!   interleaved by repetition; writes `results.json`, `results.md` and an
-//!   SVG per scenario to `--out` (default `docs/benchmarks`). With
-//!   `--quick` it runs only S1 and S3 for konn's default engine against
-//!   upstream, writes nothing unless `--out` is given, and exits with 1
-//!   when konn's S1 throughput is below `--min-s1` (1.0) × upstream's or
-//!   its S3 p99 above `--max-s3` (2.0) × upstream's.
+//!   SVG per scenario to `--out` (default `docs/benchmarks`). `--also`
+//!   adds another konn build (e.g. the one before a change) with one
+//!   engine, interleaved with the rest. With
+//!   `--quick` it runs only S1, S3 and S4 for konn's default engine
+//!   against upstream, writes nothing unless `--out` is given, and exits
+//!   with 1 when konn's S1 throughput is below `--min-s1` (1.0) ×
+//!   upstream's, its S3 p99 above `--max-s3` (2.0) × upstream's, or its S4
+//!   dial rate below `--min-s4` (1.0) × upstream's.
+//! - `icount`: instruction counts of the packet path under callgrind
+//!   (download, upload, dial churn; `konn_bench::harness::icount`).
+//!   `--check FILE` exits with 1 when a figure grew beyond the baseline's
+//!   tolerance; `--write FILE` records a new baseline (`--tolerance`, in
+//!   percent, default 4). `--kernel ENGINES` instead counts system calls,
+//!   context switches and io_uring completions per MB and per dial of
+//!   each engine, natively (`perf stat` software events).
 //! - `idle` (S5 of the benchmark plan): opens N tunnelled connections the
 //!   way kube-apiserver does (one gRPC frontend connection per dial over the
 //!   Unix socket), sends one message on each, keeps them open and reports the
@@ -53,8 +66,9 @@ fn main() -> Result<()> {
     match it.next().as_deref() {
         Some("compare") => compare_main(it),
         Some("reverse") => reverse_main(it),
+        Some("icount") => icount_main(it),
         Some("idle") | None => idle_main(it),
-        Some(other) => bail!("unknown subcommand {other:?} (compare, idle, reverse)"),
+        Some(other) => bail!("unknown subcommand {other:?} (compare, icount, idle, reverse)"),
     }
 }
 
@@ -75,11 +89,18 @@ impl Drop for WorkDir {
     }
 }
 
+/// konn's binaries in `dir` with one worker; `engine` is an `--io-engine`
+/// value, optionally followed by `:SETUP` to pick the io_uring ring setup
+/// (`KONN_IO_URING_SETUP`: `defer`, `coop`, `plain`) for a comparison.
 fn konn_bins(name: &str, dir: &Path, engine: Option<&str>) -> Binaries {
     let mut b = Binaries::in_dir(name, dir);
     let mut flags = vec!["--workers=1".to_owned()];
     if let Some(e) = engine {
+        let (e, setup) = e.split_once(':').map_or((e, None), |(e, s)| (e, Some(s)));
         flags.push(format!("--io-engine={e}"));
+        if let Some(setup) = setup {
+            b.env.push(("KONN_IO_URING_SETUP".into(), setup.into()));
+        }
     }
     b.server_flags = flags.clone();
     b.agent_flags = flags;
@@ -156,9 +177,11 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut out = None;
     let mut only = Vec::new();
     let mut no_pin = false;
+    let mut extra = Vec::new();
     let mut margins = Margins {
         min_s1: 1.0,
         max_s3: 2.0,
+        min_s4: 1.0,
     };
     while let Some(a) = it.next() {
         let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
@@ -174,6 +197,15 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             "--out" => out = Some(PathBuf::from(val("a directory")?)),
             "--min-s1" => margins.min_s1 = val("a ratio")?.parse()?,
             "--max-s3" => margins.max_s3 = val("a ratio")?.parse()?,
+            "--min-s4" => margins.min_s4 = val("a ratio")?.parse()?,
+            "--also" => {
+                let v = val("NAME=DIR:ENGINE")?;
+                let (name, rest) = v.split_once('=').context("--also needs NAME=DIR:ENGINE")?;
+                let (dir, engine) = rest
+                    .split_once(':')
+                    .context("--also needs NAME=DIR:ENGINE")?;
+                extra.push(konn_bins(name, Path::new(dir), Some(engine)));
+            }
             other => bail!("unknown argument {other:?}"),
         }
     }
@@ -201,6 +233,7 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             impls.push(konn_bins(&format!("konn-{e}"), &konn_dir, Some(e)));
         }
     }
+    impls.extend(extra);
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let pin = (cpus >= 2 && !no_pin).then(|| (0, vec![1]));
     let cfg = Config {
@@ -260,6 +293,98 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         }
         if !ok {
             eprintln!("konn-bench compare --quick: regression against upstream (see above)");
+            std::process::exit(1);
+        }
+    }
+    Ok(())
+}
+
+fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
+    use konn_bench::harness::icount::{self, Baseline};
+    let mut konn = None;
+    let mut check = None;
+    let mut write = None;
+    let mut tolerance = 4.0;
+    let mut kernel = Vec::new();
+    while let Some(a) = it.next() {
+        let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            "--kernel" => {
+                kernel = val("a list of engines")?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect()
+            }
+            "--check" => check = Some(PathBuf::from(val("a file")?)),
+            "--write" => write = Some(PathBuf::from(val("a file")?)),
+            "--tolerance" => tolerance = val("a percentage")?.parse()?,
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    let konn_dir = match konn {
+        Some(d) => d,
+        None => procs::bin_dir().context("konn's binaries not found; pass --konn DIR")?,
+    };
+    let work = WorkDir::new("icount")?;
+    let certs = pki::write(&work.0)?;
+    if !kernel.is_empty() {
+        // System calls, context switches, io_uring completions per unit,
+        // natively, for each engine (`--kernel io-uring,epoll`).
+        for e in &kernel {
+            let bins = konn_bins(&format!("konn-{e}"), &konn_dir, Some(e));
+            let figures = block_on(
+                Engine::Epoll,
+                icount::measure_kernel(&bins, &work.0, &certs),
+            )??;
+            for (k, v) in &figures {
+                println!("{e:<16} {k:<44} {v:>12.3}");
+            }
+        }
+        return Ok(());
+    }
+    ensure!(
+        std::process::Command::new("valgrind")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "valgrind is not installed (apt-get install valgrind)"
+    );
+    let bins = konn_bins("konn", &konn_dir, Some("epoll"));
+    let started = Instant::now();
+    eprintln!("konn-bench icount: {} under callgrind", konn_dir.display());
+    let figures = block_on(Engine::Epoll, icount::measure(&bins, &work.0, &certs))??;
+    eprintln!("done in {:.0?}", started.elapsed());
+    for (k, v) in &figures {
+        println!("{k:<28} {v:>14.0}");
+    }
+    if let Some(path) = write {
+        let note = format!(
+            "konn-bench icount at {} (epoll, one worker, release build); kernel {}",
+            git_head(),
+            std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+        );
+        Baseline {
+            tolerance: tolerance / 100.0,
+            figures: figures.clone(),
+        }
+        .write(&path, &note)?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = check {
+        let base = Baseline::read(&path)?;
+        let (lines, ok) = base.check(&figures);
+        for l in &lines {
+            println!("{l}");
+        }
+        if !ok {
+            eprintln!(
+                "konn-bench icount: instruction counts grew beyond {:.1} % of {} (see above)",
+                base.tolerance * 100.0,
+                path.display()
+            );
             std::process::exit(1);
         }
     }

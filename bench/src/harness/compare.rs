@@ -151,9 +151,21 @@ fn cases(quick: bool) -> (Vec<Case>, Vec<Case>) {
         headline: OPEN_HEAD,
         plot: "added p99 µs",
     };
+    let s4 = |w| Case {
+        scenario: "S4",
+        case: "dial churn, 8 dialers, 1 KiB echo".into(),
+        work: Work::Dials(8),
+        window: w,
+        headline: DIAL_HEAD,
+        plot: "dials/s",
+    };
     if quick {
         return (
-            vec![s1(1, win(300, 1500)), s3(16, 64, 1000.0, win(300, 2000))],
+            vec![
+                s1(1, win(300, 1500)),
+                s3(16, 64, 1000.0, win(300, 2000)),
+                s4(win(300, 1500)),
+            ],
             Vec::new(),
         );
     }
@@ -182,14 +194,7 @@ fn cases(quick: bool) -> (Vec<Case>, Vec<Case>) {
             headline: CLOSED_HEAD,
             plot: "msg/s",
         },
-        Case {
-            scenario: "S4",
-            case: "dial churn, 8 dialers, 1 KiB echo".into(),
-            work: Work::Dials(8),
-            window: win(500, 2000),
-            headline: DIAL_HEAD,
-            plot: "dials/s",
-        },
+        s4(win(500, 2000)),
         Case {
             scenario: "S6",
             case: "16 conn × 64 B at 1000 msg/s, + 1 stalled upload".into(),
@@ -572,14 +577,17 @@ pub async fn run(cfg: &Config, dir: &Path, certs: &PkiFiles) -> Result<Vec<Cell>
 }
 
 /// Margins of the quick regression check: konn's S1 throughput must be
-/// at least `min_s1` × upstream's, and its S3 added p99 at most `max_s3`
-/// × upstream's (medians of the per-repetition ratios).
+/// at least `min_s1` × upstream's, its S3 p99 at most `max_s3` ×
+/// upstream's, and its S4 dial rate at least `min_s4` × upstream's
+/// (medians of the per-repetition ratios).
 #[derive(Clone, Copy, Debug)]
 pub struct Margins {
     /// Lowest acceptable konn/upstream S1 MB/s ratio.
     pub min_s1: f64,
     /// Highest acceptable konn/upstream S3 p99 ratio.
     pub max_s3: f64,
+    /// Lowest acceptable konn/upstream S4 dials/s ratio.
+    pub min_s4: f64,
 }
 
 /// The quick check's verdict for `contender`: one line per check, and
@@ -618,6 +626,12 @@ pub fn quick_verdict(cells: &[Cell], contender: &str, m: Margins) -> (Vec<String
         "p99 µs",
         &|x| x <= m.max_s3,
         format!("≤ {}", m.max_s3),
+    );
+    check(
+        "S4",
+        "dials/s",
+        &|x| x >= m.min_s4,
+        format!("≥ {}", m.min_s4),
     );
     (lines, ok)
 }
@@ -705,6 +719,7 @@ mod tests {
     const M: Margins = Margins {
         min_s1: 1.0,
         max_s3: 2.0,
+        min_s4: 1.0,
     };
 
     #[test]
@@ -717,10 +732,11 @@ mod tests {
                 &[500.0, 400.0, 450.0],
                 &[300.0, 900.0, 400.0],
             ),
+            cell("S4", "dials/s", &[100.0; 3], &[250.0, 90.0, 300.0]),
         ];
         let (lines, ok) = quick_verdict(&cells, "konn", M);
         assert!(ok, "{lines:?}");
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("PASS S1"), "{}", lines[0]);
     }
 
@@ -729,15 +745,24 @@ mod tests {
         let slow = [
             cell("S1", "MB/s", &[100.0, 100.0, 100.0], &[90.0, 95.0, 120.0]),
             cell("S3", "p99 µs", &[500.0; 3], &[500.0; 3]),
+            cell("S4", "dials/s", &[100.0; 3], &[300.0; 3]),
         ];
         let (lines, ok) = quick_verdict(&slow, "konn", M);
         assert!(!ok && lines[0].starts_with("FAIL S1"), "{lines:?}");
         let laggy = [
             cell("S1", "MB/s", &[100.0; 3], &[400.0; 3]),
             cell("S3", "p99 µs", &[100.0; 3], &[250.0, 150.0, 300.0]),
+            cell("S4", "dials/s", &[100.0; 3], &[300.0; 3]),
         ];
         let (lines, ok) = quick_verdict(&laggy, "konn", M);
         assert!(!ok && lines[1].starts_with("FAIL S3"), "{lines:?}");
+        let dull = [
+            cell("S1", "MB/s", &[100.0; 3], &[400.0; 3]),
+            cell("S3", "p99 µs", &[100.0; 3], &[100.0; 3]),
+            cell("S4", "dials/s", &[100.0; 3], &[80.0, 120.0, 90.0]),
+        ];
+        let (lines, ok) = quick_verdict(&dull, "konn", M);
+        assert!(!ok && lines[2].starts_with("FAIL S4"), "{lines:?}");
         // konn failed every repetition: no data is a failure.
         let broken = [cell("S1", "MB/s", &[100.0; 3], &[])];
         let (lines, ok) = quick_verdict(&broken, "konn", M);

@@ -5,6 +5,7 @@
 
 pub mod compare;
 pub mod dests;
+pub mod icount;
 pub mod load;
 pub mod report;
 pub mod reverse;

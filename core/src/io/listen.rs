@@ -46,6 +46,13 @@
 //!
 //! Accepted and dialled TCP sockets get `TCP_NODELAY`: konn writes whole
 //! frames and batches itself, so Nagle's algorithm only adds latency.
+//!
+//! # Restarts
+//!
+//! [`bind_tcp`] retries `EADDRINUSE` for up to [`BIND_RETRY_FOR`]: under
+//! io_uring a killed process's listeners stay bound until the kernel has
+//! torn its ring down (asynchronously, after the process is reaped), so a
+//! restart right after a `SIGKILL` would fail its first start.
 
 use std::{
     fs::Permissions,
@@ -84,12 +91,53 @@ fn bind_error(addr: impl ToString, source: io::Error) -> Error {
     }
 }
 
+/// How long [`bind_tcp`] keeps retrying an address that is in use.
+pub const BIND_RETRY_FOR: Duration = Duration::from_secs(2);
+
+/// Interval between two of those attempts.
+const BIND_RETRY_EVERY: Duration = Duration::from_millis(20);
+
 /// A listening TCP socket with `SO_REUSEADDR`, and `SO_REUSEPORT` if asked.
+///
+/// `EADDRINUSE` is retried for up to [`BIND_RETRY_FOR`] before it is
+/// reported: a process killed while io_uring operations were pending on its
+/// listeners (an accept is always pending) leaves those sockets listening
+/// until the kernel has torn its ring down, which it does asynchronously
+/// after the process is gone. A restart right after a `SIGKILL` (a pod's
+/// container restart) would otherwise fail once on its own old port.
+/// A port held by a live process still fails, 2 s later.
 ///
 /// # Errors
 ///
 /// [`Error::Bind`] naming the address.
 pub fn bind_tcp(
+    addr: SocketAddr,
+    backlog: i32,
+    reuse_port: bool,
+) -> Result<std::net::TcpListener, Error> {
+    let attempts = BIND_RETRY_FOR.as_millis() / BIND_RETRY_EVERY.as_millis();
+    let mut attempt = 0;
+    loop {
+        match bind_tcp_once(addr, backlog, reuse_port) {
+            Err(Error::Bind { source, .. })
+                if source.raw_os_error() == Some(libc::EADDRINUSE) && attempt < attempts =>
+            {
+                if attempt == 0 {
+                    tracing::info!(
+                        %addr,
+                        retry_for = ?BIND_RETRY_FOR,
+                        "address in use (a previous process's sockets may still be closing); retrying"
+                    );
+                }
+                attempt += 1;
+                std::thread::sleep(BIND_RETRY_EVERY);
+            }
+            other => return other,
+        }
+    }
+}
+
+fn bind_tcp_once(
     addr: SocketAddr,
     backlog: i32,
     reuse_port: bool,
@@ -519,6 +567,45 @@ mod tests {
         assert_eq!(delays[9], ACCEPT_BACKOFF_MAX);
         backoff.reset();
         assert_eq!(backoff.step(), ACCEPT_BACKOFF_MIN);
+    }
+
+    /// A listener whose accept is pending in an io_uring ring stays bound
+    /// after its descriptor is closed, until the ring is gone (as after a
+    /// `SIGKILL`, where the kernel tears the ring down asynchronously).
+    /// `bind_tcp` waits for it; a single attempt fails.
+    #[test]
+    #[allow(unsafe_code)]
+    fn bind_waits_for_a_listener_held_by_a_ring() {
+        use std::os::fd::AsRawFd;
+        if crate::io::runtime::probe_io_uring().is_err() {
+            return; // no io_uring here: nothing can hold the socket
+        }
+        let held = bind_tcp("127.0.0.1:0".parse().unwrap(), 16, false).unwrap();
+        let addr = held.local_addr().unwrap();
+        let mut ring = io_uring::IoUring::new(4).unwrap();
+        let accept = io_uring::opcode::Accept::new(
+            io_uring::types::Fd(held.as_raw_fd()),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+        .build();
+        // SAFETY: the entry points at no memory (no peer address wanted),
+        // and the ring is fresh, so it has room.
+        unsafe { ring.submission().push(&accept) }.unwrap();
+        ring.submit().unwrap();
+        drop(held); // the pending accept keeps the socket listening
+        let once = bind_tcp_once(addr, 16, false);
+        assert!(
+            matches!(&once, Err(Error::Bind { source, .. }) if source.raw_os_error() == Some(libc::EADDRINUSE)),
+            "{once:?}"
+        );
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(ring);
+        });
+        let rebound = bind_tcp(addr, 16, false);
+        release.join().unwrap();
+        assert_eq!(rebound.unwrap().local_addr().unwrap(), addr);
     }
 
     #[test]

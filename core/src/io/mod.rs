@@ -6,9 +6,10 @@
 //! served on a single core. The sans-IO protocol state machines know none of
 //! this; drivers built on these modules pump bytes between sockets and them.
 //!
-//! - [`runtime`]: io engine choice (io_uring with epoll fallback, probed at
-//!   start-up), the worker threads and their runtimes, CPU pinning, the stop
-//!   signal, and test helpers that run a body under every engine.
+//! - [`runtime`]: the worker threads and their runtimes, CPU pinning; it
+//!   re-exports [`engine`] (io engine choice: io_uring with epoll fallback,
+//!   probed at start-up, and test helpers that run a body under every
+//!   engine), [`stop`] (the stop signal) and [`future`] (`race`, `join`).
 //! - [`pool`]: per-core pools of fixed-size buffers (one HTTP/2 frame each)
 //!   under a global memory budget that pushes back on readers.
 //! - [`xcore`]: the cross-core mesh (bounded lock-free inboxes, one wake-up
@@ -29,6 +30,8 @@
 
 pub mod clock;
 pub mod driver;
+pub mod engine;
+pub mod future;
 pub mod listen;
 pub mod notify;
 pub mod outbound;
@@ -37,5 +40,6 @@ pub mod resolve;
 pub mod runtime;
 pub mod signals;
 pub mod sock;
+pub mod stop;
 pub mod tls;
 pub mod xcore;

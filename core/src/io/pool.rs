@@ -46,7 +46,19 @@
 //! caller stops reading from that socket) and raises a shared *pressure*
 //! flag that makes every pool shrink its idle list and return spare credit
 //! at its next maintenance pass. [`BufPool::acquire`] instead waits,
-//! re-checking every [`ACQUIRE_RETRY`]; callers bound it with a deadline.
+//! re-checking with a back-off from [`ACQUIRE_RETRY`] to
+//! [`ACQUIRE_RETRY_MAX`], and gives up with [`Error::BufferWaitTimeout`]
+//! after [`PoolConfig::acquire_timeout`]: every wait for a buffer has a
+//! deadline.
+//!
+//! # The current pool
+//!
+//! Each worker installs its pool as the thread's [`current`] pool; the
+//! connection driver (`io::driver`) reads into buffers from it, so the
+//! budget bounds every received byte that waits in a queue. A thread that
+//! never installed one gets a pool of its own with the default settings on
+//! first use (tests on a bare runtime).
+//!
 //! `docs/design/buffers.md` has the full story.
 
 use std::{
@@ -85,14 +97,32 @@ pub const BUF_ALIGN: usize = 64;
 pub const BUF_CAPACITY: usize = MAX_FRAME_WIRE_LEN.div_ceil(BUF_ALIGN) * BUF_ALIGN;
 
 const _: () = assert!(BUF_CAPACITY == 16_448);
+
+/// Frame-sized buffers in one large buffer (see [`LARGE_BUF_CAPACITY`]).
+pub const LARGE_BUF_UNITS: usize = 4;
+
+/// Capacity of a large pooled buffer: [`LARGE_BUF_UNITS`] ×
+/// [`BUF_CAPACITY`] = 65 792 bytes. Plaintext HTTP/2 connections read
+/// into these, so that a busy socket needs one read system call per
+/// 64 KiB rather than one per frame; the budget counts one as
+/// [`LARGE_BUF_UNITS`] buffers.
+pub const LARGE_BUF_CAPACITY: usize = LARGE_BUF_UNITS * BUF_CAPACITY;
 const _: () = assert!(BUF_CAPACITY >= MAX_FRAME_WIRE_LEN);
 // One maximal DATA packet (gRPC prefix, protobuf header with the longest
 // connectID, payload) fills at most one frame payload.
 const _: () =
     assert!(data_header_len(i64::MIN, MAX_DATA_PAYLOAD) + MAX_DATA_PAYLOAD <= H2_MAX_FRAME_PAYLOAD);
 
-/// How often [`BufPool::acquire`] re-checks an exhausted budget.
+/// First re-check of an exhausted budget by [`BufPool::acquire`]; the
+/// interval doubles up to [`ACQUIRE_RETRY_MAX`].
 pub const ACQUIRE_RETRY: Duration = Duration::from_millis(1);
+
+/// Longest interval between two re-checks of an exhausted budget.
+pub const ACQUIRE_RETRY_MAX: Duration = Duration::from_millis(32);
+
+/// Default of [`PoolConfig::acquire_timeout`]: the default of
+/// `--write-timeout`, the other "no progress" deadline of a connection.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Buffers checked at the most-recently-lent end on a miss (LIFO reuse keeps
 /// hot memory in cache).
@@ -114,6 +144,9 @@ pub struct PoolConfig {
     pub scan_window: usize,
     /// Period of each worker's full reclaim pass. Default 100 ms.
     pub maintenance_interval: Duration,
+    /// Longest wait of [`BufPool::acquire`] for a buffer while the budget
+    /// is used up. Default [`DEFAULT_ACQUIRE_TIMEOUT`].
+    pub acquire_timeout: Duration,
 }
 
 impl Default for PoolConfig {
@@ -124,6 +157,7 @@ impl Default for PoolConfig {
             credit_chunk: 32,
             scan_window: 8,
             maintenance_interval: Duration::from_millis(100),
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
         }
     }
 }
@@ -141,6 +175,11 @@ impl PoolConfig {
         if self.maintenance_interval.is_zero() {
             return Err(Error::InvalidConfig(
                 "pool.maintenance_interval must be positive",
+            ));
+        }
+        if self.acquire_timeout.is_zero() {
+            return Err(Error::InvalidConfig(
+                "pool.acquire_timeout must be positive",
             ));
         }
         Ok(())
@@ -278,17 +317,101 @@ pub struct BufPool {
 
 struct LocalPool {
     budget: MemoryBudget,
+    acquire_timeout: Duration,
+    /// Idle frame-sized buffers kept (large ones count as several).
     max_idle: usize,
     credit_chunk: usize,
     scan_window: usize,
-    /// Reclaimed anchors with capacity `BUF_CAPACITY`, ready to lend.
-    idle: Vec<BytesMut>,
-    /// Anchors (capacity 0) of lent buffers, oldest first.
-    lent: VecDeque<BytesMut>,
+    /// Frame-sized and large buffers.
+    classes: [Class; 2],
+    /// Budget credit in frame-sized buffers.
     credit: usize,
     hits: u64,
     misses: u64,
     exhausted: u64,
+}
+
+/// The buffers of one size.
+struct Class {
+    capacity: usize,
+    /// Frame-sized buffers this size counts as.
+    units: usize,
+    /// Reclaimed anchors with capacity `capacity`, ready to lend.
+    idle: Vec<BytesMut>,
+    /// Anchors (capacity 0) of lent buffers, oldest first.
+    lent: VecDeque<BytesMut>,
+}
+
+impl Class {
+    fn new(capacity: usize, units: usize, idle: usize) -> Self {
+        Self {
+            capacity,
+            units,
+            idle: Vec::with_capacity(idle),
+            lent: VecDeque::new(),
+        }
+    }
+
+    /// Frame-sized buffers held (idle and lent).
+    fn held(&self) -> usize {
+        (self.idle.len() + self.lent.len()) * self.units
+    }
+
+    /// Hands out the anchor's memory, keeping an empty handle to notice its
+    /// return. The first call on a fresh buffer allocates the shared
+    /// reference count (part of the miss); later calls allocate nothing.
+    fn lend(&mut self, mut anchor: BytesMut) -> BytesMut {
+        let buf = anchor.split_off(0);
+        self.lent.push_back(anchor);
+        buf
+    }
+
+    /// Checks the most recently lent buffers, then a rotating window of the
+    /// oldest, for one whose users are all gone.
+    fn find_returned(&mut self, scan_window: usize) -> Option<BytesMut> {
+        let recent = RECENT_WINDOW.min(self.lent.len());
+        for back in 0..recent {
+            let index = self.lent.len() - 1 - back;
+            if self.lent.get_mut(index)?.try_reclaim(self.capacity) {
+                return self.lent.remove(index);
+            }
+        }
+        let window = scan_window.min(self.lent.len());
+        for _ in 0..window {
+            let mut anchor = self.lent.pop_front()?;
+            if anchor.try_reclaim(self.capacity) {
+                return Some(anchor);
+            }
+            self.lent.push_back(anchor);
+        }
+        None
+    }
+
+    /// Moves every returned buffer from `lent` to `idle`.
+    fn reclaim_all(&mut self) -> usize {
+        let mut found = 0;
+        for _ in 0..self.lent.len() {
+            let Some(mut anchor) = self.lent.pop_front() else {
+                break;
+            };
+            if anchor.try_reclaim(self.capacity) {
+                self.idle.push(anchor);
+                found += 1;
+            } else {
+                self.lent.push_back(anchor);
+            }
+        }
+        found
+    }
+}
+
+/// The two sizes of pooled buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    /// [`BUF_CAPACITY`]: one maximal frame.
+    Frame = 0,
+    /// [`LARGE_BUF_CAPACITY`]: [`LARGE_BUF_UNITS`] frames.
+    Large = 1,
 }
 
 impl BufPool {
@@ -297,11 +420,18 @@ impl BufPool {
         Self {
             inner: Rc::new(RefCell::new(LocalPool {
                 budget: budget.clone(),
+                acquire_timeout: config.acquire_timeout,
                 max_idle: config.max_idle_per_core,
-                credit_chunk: config.credit_chunk.max(1),
+                credit_chunk: config.credit_chunk.max(LARGE_BUF_UNITS),
                 scan_window: config.scan_window,
-                idle: Vec::with_capacity(config.max_idle_per_core),
-                lent: VecDeque::new(),
+                classes: [
+                    Class::new(BUF_CAPACITY, 1, config.max_idle_per_core),
+                    Class::new(
+                        LARGE_BUF_CAPACITY,
+                        LARGE_BUF_UNITS,
+                        config.max_idle_per_core / LARGE_BUF_UNITS,
+                    ),
+                ],
                 credit: 0,
                 hits: 0,
                 misses: 0,
@@ -320,19 +450,92 @@ impl BufPool {
     pub fn try_acquire(&self) -> Result<BytesMut, Error> {
         self.inner
             .borrow_mut()
-            .acquire()
+            .acquire(Size::Frame, true)
             .ok_or(Error::BufferBudgetExhausted)
     }
 
     /// Like [`try_acquire`](Self::try_acquire) but waits while the budget
-    /// is exhausted, re-checking every [`ACQUIRE_RETRY`]. Needs a runtime
-    /// with timers; bound it with `monoio::time::timeout`.
-    pub async fn acquire(&self) -> BytesMut {
+    /// is used up, at most [`PoolConfig::acquire_timeout`]. Needs a runtime
+    /// with timers.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferWaitTimeout`] when no buffer came back in time.
+    pub async fn acquire(&self) -> Result<BytesMut, Error> {
+        let limit = self.inner.borrow().acquire_timeout;
+        self.acquire_within(limit).await
+    }
+
+    /// [`acquire`](Self::acquire) with its own deadline. Returns are only
+    /// visible as reference counts dropping, so nothing can wake a waiter:
+    /// it re-checks with a back-off from [`ACQUIRE_RETRY`] to
+    /// [`ACQUIRE_RETRY_MAX`]. One refusal is counted per wait, not per
+    /// re-check.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferWaitTimeout`] after `limit`.
+    pub async fn acquire_within(&self, limit: Duration) -> Result<BytesMut, Error> {
+        self.acquire_size(Size::Frame, limit).await
+    }
+
+    /// [`acquire`](Self::acquire) for an empty buffer of capacity
+    /// [`LARGE_BUF_CAPACITY`] (counted as [`LARGE_BUF_UNITS`] buffers).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferWaitTimeout`] when none came back in time.
+    pub async fn acquire_large(&self) -> Result<BytesMut, Error> {
+        let limit = self.inner.borrow().acquire_timeout;
+        self.acquire_size(Size::Large, limit).await
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for either size.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferBudgetExhausted`].
+    pub fn try_acquire_size(&self, size: Size) -> Result<BytesMut, Error> {
+        self.inner
+            .borrow_mut()
+            .acquire(size, true)
+            .ok_or(Error::BufferBudgetExhausted)
+    }
+
+    /// After a refused [`try_acquire_size`](Self::try_acquire_size): waits
+    /// for a buffer of `size` as [`acquire`](Self::acquire) does, without
+    /// counting the refusal twice.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferWaitTimeout`] when none came back in time.
+    pub async fn wait_for(&self, size: Size) -> Result<BytesMut, Error> {
+        let limit = self.inner.borrow().acquire_timeout;
+        Box::pin(self.wait_for_buffer(size, limit)).await
+    }
+
+    async fn acquire_size(&self, size: Size, limit: Duration) -> Result<BytesMut, Error> {
+        if let Some(buf) = self.inner.borrow_mut().acquire(size, true) {
+            return Ok(buf);
+        }
+        // Boxed: the wait's timer (640 bytes) would otherwise sit in the
+        // state of every task that can acquire, i.e. every reader.
+        Box::pin(self.wait_for_buffer(size, limit)).await
+    }
+
+    async fn wait_for_buffer(&self, size: Size, limit: Duration) -> Result<BytesMut, Error> {
+        let deadline = monoio::time::Instant::now() + limit;
+        let mut delay = ACQUIRE_RETRY;
         loop {
-            if let Ok(buf) = self.try_acquire() {
-                return buf;
+            let left = deadline.saturating_duration_since(monoio::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::BufferWaitTimeout(limit));
             }
-            monoio::time::sleep(ACQUIRE_RETRY).await;
+            monoio::time::sleep(delay.min(left)).await;
+            if let Some(buf) = self.inner.borrow_mut().acquire(size, false) {
+                return Ok(buf);
+            }
+            delay = (delay * 2).min(ACQUIRE_RETRY_MAX);
         }
     }
 
@@ -345,20 +548,68 @@ impl BufPool {
         self.inner.borrow_mut().reclaim()
     }
 
+    /// Whether some pool found the budget used up since memory was last
+    /// granted: readers should then not hold buffers on speculation.
+    pub fn under_pressure(&self) -> bool {
+        self.inner.borrow().budget.under_pressure()
+    }
+
     /// Current counters.
     pub fn stats(&self) -> PoolStats {
         let pool = self.inner.borrow();
+        let units = |f: fn(&Class) -> usize| pool.classes.iter().map(|c| f(c) * c.units).sum();
         PoolStats {
             buffer_size: BUF_CAPACITY,
-            allocated: pool.idle.len() + pool.lent.len(),
-            idle: pool.idle.len(),
-            in_use: pool.lent.len(),
+            allocated: units(|c| c.idle.len() + c.lent.len()),
+            idle: units(|c| c.idle.len()),
+            in_use: units(|c| c.lent.len()),
             credit: pool.credit,
             hits: pool.hits,
             misses: pool.misses,
             exhausted: pool.exhausted,
             budget: pool.budget.stats(),
         }
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<BufPool>> = const { RefCell::new(None) };
+}
+
+/// The pool of the worker running on this thread (see the module docs).
+/// A thread without one gets its own pool with [`PoolConfig::default`] and
+/// a budget of its own on first use.
+pub fn current() -> BufPool {
+    CURRENT.with(|c| {
+        c.borrow_mut()
+            .get_or_insert_with(|| {
+                let config = PoolConfig::default();
+                BufPool::new(&MemoryBudget::new(config.budget_bytes), &config)
+            })
+            .clone()
+    })
+}
+
+/// Makes `pool` this thread's [`current`] pool until the guard is dropped
+/// (which restores the previous one).
+pub fn install(pool: BufPool) -> CurrentPoolGuard {
+    CurrentPoolGuard(CURRENT.with(|c| c.replace(Some(pool))))
+}
+
+/// Restores the previously [`current`] pool when dropped.
+#[must_use = "the pool is only current while the guard lives"]
+pub struct CurrentPoolGuard(Option<BufPool>);
+
+impl Drop for CurrentPoolGuard {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+impl fmt::Debug for CurrentPoolGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CurrentPoolGuard").finish_non_exhaustive()
     }
 }
 
@@ -371,81 +622,53 @@ impl fmt::Debug for BufPool {
 }
 
 impl LocalPool {
-    fn acquire(&mut self) -> Option<BytesMut> {
-        if let Some(anchor) = self.idle.pop() {
+    /// One buffer of `size`, or `None` when the budget is used up; `count`
+    /// says whether a refusal is counted.
+    fn acquire(&mut self, size: Size, count: bool) -> Option<BytesMut> {
+        let k = size as usize;
+        let scan = self.scan_window;
+        let class = self.classes.get_mut(k)?;
+        if let Some(anchor) = class.idle.pop().or_else(|| class.find_returned(scan)) {
             self.hits += 1;
-            return Some(self.lend(anchor));
+            return Some(class.lend(anchor));
         }
-        if let Some(anchor) = self.find_returned() {
-            self.hits += 1;
-            return Some(self.lend(anchor));
-        }
-        if self.credit == 0 {
+        let units = class.units;
+        if self.credit < units {
             self.refill();
         }
-        if self.credit == 0 {
-            // Last resort before refusing: a full pass.
-            if self.reclaim_all() > 0
-                && let Some(anchor) = self.idle.pop()
-            {
+        if self.credit < units {
+            // Last resort before refusing: a full pass, and the idle
+            // buffers of the other size turned back into credit.
+            self.reclaim_all();
+            let class = self.classes.get_mut(k)?;
+            if let Some(anchor) = class.idle.pop() {
                 self.hits += 1;
-                return Some(self.lend(anchor));
+                return Some(class.lend(anchor));
             }
-            self.exhausted += 1;
-            self.budget.shared.exhausted.fetch_add(1, Ordering::Relaxed);
+            for other in &mut self.classes {
+                while self.credit < units && other.idle.pop().is_some() {
+                    self.credit += other.units;
+                }
+            }
+        }
+        if self.credit < units {
+            if count {
+                self.exhausted += 1;
+                self.budget.shared.exhausted.fetch_add(1, Ordering::Relaxed);
+            }
             self.budget.shared.pressure.store(true, Ordering::Relaxed);
             return None;
         }
-        self.credit -= 1;
+        self.credit -= units;
         self.misses += 1;
-        Some(self.lend(BytesMut::with_capacity(BUF_CAPACITY)))
+        let class = self.classes.get_mut(k)?;
+        let fresh = BytesMut::with_capacity(class.capacity);
+        Some(class.lend(fresh))
     }
 
-    /// Hands out the anchor's memory, keeping an empty handle to notice its
-    /// return. The first call on a fresh buffer allocates the shared
-    /// reference count (part of the miss); later calls allocate nothing.
-    fn lend(&mut self, mut anchor: BytesMut) -> BytesMut {
-        let buf = anchor.split_off(0);
-        self.lent.push_back(anchor);
-        buf
-    }
-
-    /// Checks the most recently lent buffers, then a rotating window of the
-    /// oldest, for one whose users are all gone.
-    fn find_returned(&mut self) -> Option<BytesMut> {
-        let recent = RECENT_WINDOW.min(self.lent.len());
-        for back in 0..recent {
-            let index = self.lent.len() - 1 - back;
-            if self.lent.get_mut(index)?.try_reclaim(BUF_CAPACITY) {
-                return self.lent.remove(index);
-            }
-        }
-        let window = self.scan_window.min(self.lent.len());
-        for _ in 0..window {
-            let mut anchor = self.lent.pop_front()?;
-            if anchor.try_reclaim(BUF_CAPACITY) {
-                return Some(anchor);
-            }
-            self.lent.push_back(anchor);
-        }
-        None
-    }
-
-    /// Moves every returned buffer from `lent` to `idle`.
+    /// Moves every returned buffer to its idle list.
     fn reclaim_all(&mut self) -> usize {
-        let mut found = 0;
-        for _ in 0..self.lent.len() {
-            let Some(mut anchor) = self.lent.pop_front() else {
-                break;
-            };
-            if anchor.try_reclaim(BUF_CAPACITY) {
-                self.idle.push(anchor);
-                found += 1;
-            } else {
-                self.lent.push_back(anchor);
-            }
-        }
-        found
+        self.classes.iter_mut().map(Class::reclaim_all).sum()
     }
 
     fn reclaim(&mut self) -> usize {
@@ -463,9 +686,11 @@ impl LocalPool {
         } else {
             self.max_idle
         };
-        while self.idle.len() > keep_idle {
-            drop(self.idle.pop());
-            self.credit += 1;
+        for class in &mut self.classes {
+            while class.idle.len() * class.units > keep_idle {
+                drop(class.idle.pop());
+                self.credit += class.units;
+            }
         }
         if pressure {
             self.budget.give(self.credit);
@@ -493,7 +718,7 @@ impl Drop for LocalPool {
         // Buffers still lent elsewhere live on until their last user drops
         // them; the budget is released now (briefly over-committed) so a
         // stopped core does not shrink it for good.
-        let held = self.credit + self.idle.len() + self.lent.len();
+        let held = self.credit + self.classes.iter().map(Class::held).sum::<usize>();
         self.budget.give(held);
     }
 }
@@ -617,6 +842,32 @@ mod tests {
             !budget.stats().under_pressure,
             "cleared once credit flows again"
         );
+    }
+
+    #[test]
+    fn large_buffers_count_as_several_and_share_the_budget() {
+        let (budget, pool) = pool(8);
+        let large = block_on_large(&pool);
+        assert_eq!(large.capacity(), LARGE_BUF_CAPACITY);
+        assert_eq!(pool.stats().in_use, LARGE_BUF_UNITS);
+        let small: Vec<_> = (0..4).map(|_| pool.try_acquire().unwrap()).collect();
+        assert!(pool.try_acquire().is_err(), "8 units: one large + four");
+        assert_eq!(budget.stats().reserved_buffers, 8);
+        drop(small);
+        assert_eq!(pool.reclaim(), 4);
+        // Idle frame buffers turn back into credit for a large one.
+        let again = block_on_large(&pool);
+        assert_eq!(again.capacity(), LARGE_BUF_CAPACITY);
+        assert_eq!(budget.stats().reserved_buffers, 8);
+        drop((large, again));
+        assert_eq!(pool.reclaim(), 2);
+        assert_eq!(pool.stats().in_use, 0);
+    }
+
+    fn block_on_large(pool: &BufPool) -> BytesMut {
+        crate::io::runtime::block_on(crate::io::runtime::Engine::Epoll, pool.acquire_large())
+            .unwrap()
+            .unwrap()
     }
 
     #[test]

@@ -171,15 +171,33 @@ impl TlsLayer {
     /// Appends all buffered plaintext to `dst` (bounded: rustls buffers at
     /// most about 16 KiB plus one read's worth of records).
     pub fn read_plaintext(&mut self, dst: &mut BytesMut) -> Result<Plaintext, Error> {
+        self.read_plaintext_bounded(dst, usize::MAX)
+    }
+
+    /// [`Self::read_plaintext`], appending at most `max` bytes: the rest
+    /// stays buffered in the layer for the next call (drivers pass the room
+    /// left in a fixed-size buffer). `max == 0` appends nothing and returns
+    /// `Data(0)`.
+    pub fn read_plaintext_bounded(
+        &mut self,
+        dst: &mut BytesMut,
+        max: usize,
+    ) -> Result<Plaintext, Error> {
         use io::BufRead;
+        if max == 0 {
+            return Ok(Plaintext::Data(0));
+        }
         let mut copied = 0;
         let mut reader = self.conn.reader();
         let outcome = loop {
+            if copied == max {
+                break Ok(Plaintext::Empty);
+            }
             match reader.fill_buf() {
                 Ok([]) => break Ok(Plaintext::Eof),
                 Ok(chunk) => {
-                    let n = chunk.len();
-                    dst.extend_from_slice(chunk);
+                    let n = chunk.len().min(max - copied);
+                    dst.extend_from_slice(chunk.get(..n).unwrap_or_default());
                     reader.consume(n);
                     copied += n;
                 }
