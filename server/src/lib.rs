@@ -15,6 +15,7 @@
 //!   the control-plane thread.
 //! - [`frontend`]: gRPC frontends (`/ProxyService/Proxy` → frontends).
 //! - [`connect`]: HTTP CONNECT frontends.
+//! - [`budget`]: `--memory-budget` for data queued towards gRPC frontends.
 //! - [`reverse`]: the reverse direction (KEP-2025): dialling allowed
 //!   control-plane destinations for agents.
 //! - [`serve`]: listeners, workers, cross-core announcements, migration.
@@ -22,6 +23,7 @@
 
 pub mod agents;
 pub mod auth;
+pub mod budget;
 pub mod connect;
 pub mod error;
 pub mod frontend;
