@@ -78,6 +78,7 @@ const KONN: &[(&str, &str, &str)] = &[
     ("preface-timeout", "duration", "2m0s"),
     ("stuck-timeout", "duration", "2m0s"),
     ("target", "stringSlice", "[]"),
+    ("tls-reload-interval", "duration", "10s"),
     ("workers", "int", "0"),
     ("write-timeout", "duration", "1m0s"),
 ];

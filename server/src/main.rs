@@ -40,7 +40,26 @@ fn main() -> ExitCode {
 fn run(opts: &ServerOptions) -> anyhow::Result<()> {
     let settings = ServerSettings::from_options(opts)?;
     let graceful = settings.graceful_shutdown_timeout;
+    let tls = [
+        ("agent", settings.agent_tls.clone()),
+        ("frontend", settings.frontend_tls.clone()),
+    ];
     let server = serve::start(settings).context("starting the server")?;
+    // Certificate and CA reload (docs/decisions/0004-certificate-reload.md);
+    // the watchers stop when dropped at the end of `run`.
+    let mut _watchers = Vec::new();
+    if let Some(interval) = opts.engine.tls_reload_interval {
+        for (listener, tls) in tls {
+            let Some(tls) = tls else { continue };
+            let metrics = server.metrics().clone();
+            _watchers.push(
+                tls.watch(listener, interval, move |ok| {
+                    metrics.tls_reload(listener, ok)
+                })
+                .context("starting the certificate watcher")?,
+            );
+        }
+    }
     match server.frontend_path() {
         Some(path) => tracing::info!("frontend listening on unix socket {}", path.display()),
         None => {

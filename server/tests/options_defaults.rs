@@ -93,6 +93,7 @@ const KONN: &[(&str, &str, &str)] = &[
     ("pin-cores", "bool", "false"),
     ("preface-timeout", "duration", "2m0s"),
     ("stuck-timeout", "duration", "2m0s"),
+    ("tls-reload-interval", "duration", "10s"),
     ("workers", "int", "0"),
     ("write-timeout", "duration", "1m0s"),
 ];

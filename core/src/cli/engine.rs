@@ -43,6 +43,9 @@ pub const DEFAULT_PREFACE_TIMEOUT: Duration = Duration::from_secs(120);
 /// connection nobody uses without disturbing clients, which reconnect on
 /// GOAWAY.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// `--tls-reload-interval` default: how often certificate, key and CA
+/// files are checked for changes (docs/decisions/0004-certificate-reload.md).
+pub const DEFAULT_TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Largest HTTP/2 window (RFC 9113 §6.9.1: 2^31 - 1).
 const MAX_WINDOW: u64 = (1 << 31) - 1;
@@ -99,6 +102,9 @@ pub struct EngineFlags {
     /// `--idle-timeout`: an HTTP/2 connection without streams for this long
     /// is closed with GOAWAY. `None`: disabled (flag value 0).
     pub idle_timeout: Option<Duration>,
+    /// `--tls-reload-interval`: how often TLS files are checked for
+    /// changes. `None`: never reloaded (flag value 0).
+    pub tls_reload_interval: Option<Duration>,
 }
 
 /// A konn flag value outside its range.
@@ -142,6 +148,7 @@ impl Default for EngineFlags {
             stuck_timeout: Some(DEFAULT_STUCK_TIMEOUT),
             preface_timeout: Some(DEFAULT_PREFACE_TIMEOUT),
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            tls_reload_interval: Some(DEFAULT_TLS_RELOAD_INTERVAL),
         }
     }
 }
@@ -231,6 +238,13 @@ impl EngineFlags {
             GoDuration::from_std(DEFAULT_IDLE_TIMEOUT),
             "Close (GOAWAY) an HTTP/2 connection that has had no stream for this long. 0 disables.",
         );
+        flags.add_duration(
+            "tls-reload-interval",
+            GoDuration::from_std(DEFAULT_TLS_RELOAD_INTERVAL),
+            "How often certificate, key and CA files are checked for changes. A change is used for \
+             new connections (established ones keep theirs); files that fail the start-up checks \
+             are logged and the previous ones kept. 0 disables reloading.",
+        );
         flags.set_section(previous);
     }
 
@@ -293,6 +307,7 @@ impl EngineFlags {
             stuck_timeout: timeout(flags, "stuck-timeout")?,
             preface_timeout: timeout(flags, "preface-timeout")?,
             idle_timeout: timeout(flags, "idle-timeout")?,
+            tls_reload_interval: timeout(flags, "tls-reload-interval")?,
         })
     }
 }
@@ -375,6 +390,7 @@ mod tests {
         assert_eq!(e.stuck_timeout, Some(Duration::from_secs(120)));
         assert_eq!(e.preface_timeout, Some(Duration::from_secs(120)));
         assert_eq!(e.idle_timeout, Some(Duration::from_secs(300)));
+        assert_eq!(e.tls_reload_interval, Some(Duration::from_secs(10)));
         assert_eq!(e, EngineFlags::default());
     }
 

@@ -14,6 +14,8 @@
 //! - [`pem`]: strict PEM loading of chains, keys and CA bundles.
 //! - [`suites`]: Go names for `--tls-min-version` and `--cipher-suites`.
 //! - [`layer`]: [`TlsLayer`] itself.
+//! - [`reload`]: the replaceable configuration slot and the thread that
+//!   reloads certificates, keys and CAs when their files change.
 //! - [`stream`]: [`TlsStream`], a small async adapter over monoio streams
 //!   with a handshake timeout, for tests and simple connections.
 //!
@@ -23,6 +25,7 @@
 pub mod config;
 pub mod layer;
 pub mod pem;
+pub mod reload;
 pub mod stream;
 pub mod suites;
 
@@ -32,5 +35,6 @@ pub use config::{
 };
 pub use layer::{Plaintext, TlsLayer};
 pub use pem::PemSource;
+pub use reload::Watcher;
 pub use stream::{TlsStream, handshake};
 pub use suites::{TlsMinVersion, TlsWarning};
