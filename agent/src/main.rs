@@ -35,12 +35,29 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let tls = settings.connect.tls.clone();
     let agent = match run::start(settings) {
         Ok(agent) => agent,
         Err(err) => {
             tracing::error!("failed to start the agent: {err}");
             return ExitCode::FAILURE;
         }
+    };
+    // Certificate and CA reload (docs/decisions/0004-certificate-reload.md).
+    let _watcher = match (tls, opts.engine.tls_reload_interval) {
+        (Some(tls), Some(interval)) => {
+            let metrics = agent.metrics().clone();
+            match tls.watch("tunnel", interval, move |ok| {
+                metrics.tls_reload("tunnel", ok)
+            }) {
+                Ok(w) => w,
+                Err(err) => {
+                    tracing::error!("cannot start the certificate watcher: {err}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        _ => None,
     };
 
     match wait_shutdown_signal() {

@@ -103,6 +103,7 @@ struct Families {
     stream: StreamFamilies,
     lease_lists: DynamicCounterVec,
     lease_watches: DynamicCounterVec,
+    tls_reloads: DynamicCounterVec,
     lease_list_latency: DynamicHistogramVec,
     reverse: ReverseFamilies,
 }
@@ -172,8 +173,14 @@ impl Families {
             "konnectivity_network_proxy_agent_stream_packets_total",
             "konnectivity_network_proxy_agent_stream_errors_total",
         );
+        let tls_reloads = b.dynamic_counter_vec(
+            "konn_tls_reloads_total",
+            "Certificate, key and CA files reloaded after a change on disk, by listener (tunnel: the agent's client side) and result (ok, error: the previous material stays in use).",
+            &["listener", "result"],
+        );
         let reverse = ReverseFamilies::register(b, &REVERSE_REASONS);
         Self {
+            tls_reloads,
             reverse,
             dial_duration,
             server_failures,
@@ -252,6 +259,13 @@ impl AgentMetrics {
     /// `lease_lists_total`, not `lease_watches_total` (see the module docs).
     pub fn observe_lease_watch(&self, http_code: u16, reason: &str) {
         self.observe_lease_list(http_code, reason);
+    }
+
+    /// `konn_tls_reloads_total{listener, result}` += 1.
+    pub fn tls_reload(&self, listener: &str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.registry
+            .dynamic_counter_add(self.families.tls_reloads, &[listener, result], 1);
     }
 
     /// `lease_watches_total{http_response_code, reason}` += 1: what

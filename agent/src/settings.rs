@@ -165,6 +165,8 @@ impl AgentSettings {
         };
         let driver = DriverConfig {
             write_timeout: e.write_timeout.unwrap_or(NEVER),
+            preface_timeout: e.preface_timeout,
+            idle_timeout: e.idle_timeout,
             ..DriverConfig::default()
         };
         let mut runtime = RuntimeConfig {

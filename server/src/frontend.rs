@@ -18,6 +18,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::time::Instant;
 
 use konn_core::io::driver::Handler;
 use konn_frames::GrpcStatus;
@@ -53,6 +54,13 @@ pub struct FrontendConn {
     plan: Rc<RefCell<Option<Plan>>>,
     /// A connection that already moved once does not move again.
     may_move: bool,
+    /// Bytes queued on this connection's streams, as last accounted to the
+    /// core's memory budget (`crate::budget`).
+    queued: usize,
+    /// Per stream: bytes queued at the last dispatch, and when its queue
+    /// last drained (shrank or was empty). The budget resets the streams
+    /// that have not drained for the longest first.
+    levels: HashMap<u32, (usize, Instant)>,
 }
 
 impl FrontendConn {
@@ -72,6 +80,8 @@ impl FrontendConn {
             detach: Rc::new(Cell::new(false)),
             plan,
             may_move: true,
+            queued: 0,
+            levels: HashMap::new(),
         }
     }
 
@@ -114,6 +124,7 @@ impl FrontendConn {
     }
 
     fn gone(&mut self, id: u32) {
+        self.levels.remove(&id);
         let Some(fid) = self.streams.remove(&id) else {
             return;
         };
@@ -124,6 +135,49 @@ impl FrontendConn {
         c.publish(w);
         bump(&w.shared.proxy_streams, false);
         c.metrics.grpc_connections(ServiceMethod::Proxy).dec();
+    }
+
+    /// Report this connection's queued bytes to the core's memory budget;
+    /// when it bites, reset this connection's largest streams and let the
+    /// other connections of the core do the same (`crate::budget`).
+    fn account(&mut self, grpc: &mut Grpc, total: usize) {
+        // The budget is the core's: count the streams of every cluster.
+        let streams = self.worker.frontend_count();
+        let old = std::mem::replace(&mut self.queued, total);
+        let Some(shed) = crate::budget::account(&self.worker.pool, old, total, streams) else {
+            return;
+        };
+        // Stalest first (drained nothing for the longest), then largest.
+        let mut victims: Vec<(Instant, std::cmp::Reverse<usize>, u32)> = self
+            .streams
+            .keys()
+            .filter_map(|&id| {
+                let level = grpc.queued_bytes(id);
+                let since = self.levels.get(&id).map(|l| l.1)?;
+                (level >= shed.min_level).then_some((since, std::cmp::Reverse(level), id))
+            })
+            .collect();
+        victims.sort_unstable();
+        let mut freed = 0;
+        let mut resets = 0;
+        for (_, std::cmp::Reverse(level), id) in victims {
+            if freed >= shed.short {
+                break;
+            }
+            grpc.cancel(id);
+            self.gone(id);
+            freed += level;
+            resets += 1;
+        }
+        if resets > 0 {
+            self.worker.all_metrics.budget_resets("frontend", resets);
+            self.outbox.flush(grpc);
+            let old = std::mem::replace(&mut self.queued, total.saturating_sub(freed));
+            let _ = crate::budget::account(&self.worker.pool, old, self.queued, streams);
+        }
+        if freed < shed.short {
+            crate::budget::poke_others(&self.worker, &self.outbox);
+        }
     }
 
     /// Decide whether this DIAL_REQ moves the connection; if so, record the
@@ -267,10 +321,17 @@ impl Handler<Grpc> for FrontendConn {
         // tell the router where it stands (a drop is progress).
         let now = konn_core::io::clock::now();
         let mut changed = false;
+        let mut total = 0;
         {
             let mut router = self.cluster.router.borrow_mut();
             for (&stream, &fid) in &self.streams {
                 let level = grpc.queued_bytes(stream);
+                total += level;
+                let seen = self.levels.entry(stream).or_insert((0, now));
+                if level == 0 || level < seen.0 {
+                    seen.1 = now;
+                }
+                seen.0 = level;
                 if router.frontend_queued(fid).is_some_and(|q| q != level) {
                     router.frontend_level(now, fid, level);
                     changed = true;
@@ -281,6 +342,7 @@ impl Handler<Grpc> for FrontendConn {
             self.cluster.apply(&self.worker);
             self.outbox.flush(grpc);
         }
+        self.account(grpc, total);
     }
 
     fn on_close(&mut self, _grpc: &mut Grpc, error: Option<&konn_core::Error>) {
@@ -292,6 +354,13 @@ impl Handler<Grpc> for FrontendConn {
             self.gone(id);
         }
         self.outbox.close();
+    }
+}
+
+impl Drop for FrontendConn {
+    /// Closed or moved to another core: its queues no longer count here.
+    fn drop(&mut self) {
+        let _ = crate::budget::account(&self.worker.pool, self.queued, 0, 1);
     }
 }
 

@@ -16,6 +16,7 @@
 //!   the control-plane thread.
 //! - [`frontend`]: gRPC frontends (`/ProxyService/Proxy` → frontends).
 //! - [`connect`]: HTTP CONNECT frontends.
+//! - [`budget`]: `--memory-budget` for data queued towards gRPC frontends.
 //! - [`reverse`]: the reverse direction (KEP-2025): dialling allowed
 //!   control-plane destinations for agents.
 //! - [`serve`]: listeners, workers, cross-core announcements, migration.
@@ -23,6 +24,7 @@
 
 pub mod agents;
 pub mod auth;
+pub mod budget;
 pub mod cluster;
 pub mod clusters;
 pub mod connect;

@@ -49,7 +49,26 @@ fn run(opts: &ServerOptions) -> anyhow::Result<()> {
         // Before any worker exists, so none is ever interrupted by it.
         signals::block_reload_signal().context("blocking SIGHUP")?;
     }
+    let tls = [
+        ("agent", settings.agent_tls.clone()),
+        ("frontend", settings.frontend_tls.clone()),
+    ];
     let mut server = serve::start(settings).context("starting the server")?;
+    // Certificate and CA reload (docs/decisions/0004-certificate-reload.md);
+    // the watchers stop when dropped at the end of `run`.
+    let mut _watchers = Vec::new();
+    if let Some(interval) = opts.engine.tls_reload_interval {
+        for (listener, tls) in tls {
+            let Some(tls) = tls else { continue };
+            let metrics = server.metrics().clone();
+            _watchers.push(
+                tls.watch(listener, interval, move |ok| {
+                    metrics.tls_reload(listener, ok)
+                })
+                .context("starting the certificate watcher")?,
+            );
+        }
+    }
     if multi {
         for (name, addr, path) in server.cluster_frontends() {
             match (addr, path) {

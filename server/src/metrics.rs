@@ -184,6 +184,8 @@ struct Families {
     lease_list_latency: DynamicHistogramVec,
     lease_lists: DynamicCounterVec,
     reverse: ReverseFamilies,
+    budget_resets: DynamicCounterVec,
+    tls_reloads: DynamicCounterVec,
     agent_auth: DynamicCounterVec,
     token_reviews: DynamicCounterVec,
     clusters: GaugeVec,
@@ -299,6 +301,16 @@ impl Families {
             "TokenReview calls made to kube-apiserver, by HTTP status code (none: no answer).",
             &["code"],
         );
+        let budget_resets = b.dynamic_counter_vec(
+            "konn_memory_budget_resets_total",
+            "Streams reset because the data queued for them did not fit --memory-budget, by queue (frontend: towards a gRPC frontend).",
+            &["queue"],
+        );
+        let tls_reloads = b.dynamic_counter_vec(
+            "konn_tls_reloads_total",
+            "Certificate, key and CA files reloaded after a change on disk, by listener (agent, frontend) and result (ok, error: the previous material stays in use).",
+            &["listener", "result"],
+        );
         let reverse = ReverseFamilies::register(b, &REVERSE_REASONS);
         // --clusters-config only (never touched without it).
         let clusters = b.gauge(
@@ -319,6 +331,8 @@ impl Families {
             clusters,
             cluster_reloads,
             sni_refusals,
+            budget_resets,
+            tls_reloads,
             reverse,
             agent_auth,
             token_reviews,
@@ -482,6 +496,19 @@ impl ServerMetrics {
     pub fn dial_failure(&self, reason: DialFailureReason) -> SharedCounter<'_> {
         self.registry
             .counter(self.families.dial_failures.series(&[reason as usize]))
+    }
+
+    /// `konn_memory_budget_resets_total{queue}` += `n`.
+    pub fn budget_resets(&self, queue: &str, n: u64) {
+        self.registry
+            .dynamic_counter_add(self.families.budget_resets, &[queue], n);
+    }
+
+    /// `konn_tls_reloads_total{listener, result}` += 1.
+    pub fn tls_reload(&self, listener: &str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.registry
+            .dynamic_counter_add(self.families.tls_reloads, &[listener, result], 1);
     }
 
     /// `konn_server_agent_auth_total{result, source}` += 1.

@@ -365,6 +365,8 @@ impl ServerSettings {
         if let Some(w) = e.write_timeout {
             driver.write_timeout = w;
         }
+        driver.preface_timeout = e.preface_timeout;
+        driver.idle_timeout = e.idle_timeout;
         let mut settings = Self {
             server_id: o.server_id.clone(),
             server_count: o.server_count,

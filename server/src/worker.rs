@@ -384,6 +384,16 @@ impl Worker {
         }
     }
 
+    /// Frontends (gRPC streams and CONNECT connections) of every cluster on
+    /// this core.
+    pub fn frontend_count(&self) -> usize {
+        self.clusters
+            .borrow()
+            .values()
+            .map(|c| c.frontends.borrow().len())
+            .sum()
+    }
+
     /// Hand a message to its cluster, if it is served here; one for a
     /// cluster not known yet is kept for [`Worker::add_cluster`].
     pub fn cluster_message(&self, id: ClusterId, msg: ClusterMsg) {

@@ -42,12 +42,9 @@ pub struct ConnectTunnel {
 /// The client TLS settings kube-apiserver uses for a CONNECT proxy: those
 /// of `tls` without ALPN (an HTTP/1.1 dial offers none).
 pub fn http1_tls(tls: &ClientTls) -> ClientTls {
-    let mut config = (*tls.config).clone();
+    let mut config = (*tls.current()).clone();
     config.alpn_protocols.clear();
-    ClientTls {
-        config: Arc::new(config),
-        ..tls.clone()
-    }
+    ClientTls::new(Arc::new(config), tls.server_name.clone(), tls.limits)
 }
 
 fn io_err(e: impl std::fmt::Display) -> Error {

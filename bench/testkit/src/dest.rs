@@ -135,6 +135,23 @@ impl Destination {
         })
     }
 
+    /// Writes [`Pattern::new(0)`](Pattern) from the moment it accepts,
+    /// without reading, until the connection breaks: a destination that
+    /// sends more than anyone reads (memory-budget and stalled-reader
+    /// scenarios).
+    pub fn flood() -> std::io::Result<Self> {
+        Self::start("dest-flood", |mut s| {
+            let mut pattern = Pattern::new(0);
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                pattern.fill(&mut buf);
+                if s.write_all(&buf).is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
     /// Answers each HTTP/1.1 request with `200 OK` and a short text body
     /// naming the request path and the body size asked for with
     /// `?bytes=N` (N bytes of `x` follow the text); closes after a request

@@ -21,6 +21,8 @@
 //! - [`connect`]: an HTTP CONNECT frontend client, as kube-apiserver dials.
 //! - [`relay`]: a TCP load balancer whose connections can be cut.
 //! - [`bulk`]: [`Pattern`], [`Sha256`]: reproducible bulk data and its digest.
+//! - [`h2raw`]: a blocking raw-frame HTTP/2 client (TCP or Unix socket)
+//!   for attack tests.
 //! - [`agentprobe`]: a raw `/AgentService/Connect` call with any metadata.
 //! - [`fakekube`]: a fake kube-apiserver answering TokenReviews.
 //! - [`kube`]: a real etcd + kube-apiserver (`target/kube/`) for the
@@ -40,6 +42,7 @@ pub mod fakekube;
 pub mod fds;
 pub mod files;
 pub mod frontend;
+pub mod h2raw;
 pub mod kube;
 pub mod netns;
 pub mod pki;

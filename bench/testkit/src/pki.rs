@@ -95,17 +95,30 @@ pub struct Pem {
     pub frontend_key: String,
 }
 
+/// The common name of [`generate`]'s CA.
+pub const DEFAULT_CA_NAME: &str = "konn demo CA";
+
 /// Generate a fresh PKI: one CA and the certificates it signs.
 pub fn generate() -> Result<Pem, Error> {
     generate_for(Spec::default())
 }
 
+/// [`generate`] with a CA called `ca_name`: a second PKI with another name
+/// is a CA peers do not know (`unknown_ca`), and one with the same name is
+/// what a certificate rotation produces.
+pub fn generate_named(ca_name: &str) -> Result<Pem, Error> {
+    generate_with(ca_name, Spec::default())
+}
+
 /// [`generate`] for a `spec` (a cluster of a multi-cluster server).
 pub fn generate_for(spec: Spec<'_>) -> Result<Pem, Error> {
+    generate_with(DEFAULT_CA_NAME, spec)
+}
+
+fn generate_with(ca_name: &str, spec: Spec<'_>) -> Result<Pem, Error> {
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name
-        .push(DnType::CommonName, "konn demo CA");
+    ca.distinguished_name.push(DnType::CommonName, ca_name);
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let ca_cert = ca.self_signed(&ca_key)?.pem();
@@ -131,8 +144,12 @@ pub fn write(dir: &Path) -> Result<PkiFiles, Error> {
 
 /// [`write`] for a `spec`.
 pub fn write_for(dir: &Path, spec: Spec<'_>) -> Result<PkiFiles, Error> {
+    write_pem(dir, &generate_for(spec)?)
+}
+
+/// Write `pem` into `dir` (created if missing) under [`write`]'s names.
+pub fn write_pem(dir: &Path, pem: &Pem) -> Result<PkiFiles, Error> {
     std::fs::create_dir_all(dir).map_err(|e| Error::Write(dir.to_owned(), e))?;
-    let pem = generate_for(spec)?;
     let put = |name: &str, body: &str| -> Result<PathBuf, Error> {
         let p = dir.join(name);
         std::fs::write(&p, body).map_err(|e| Error::Write(p.clone(), e))?;

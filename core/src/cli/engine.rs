@@ -1,6 +1,6 @@
 //! konn's own flags, shared by `proxy-server` and `proxy-agent`: the io
 //! engine and workers, HTTP/2 and gRPC limits, per-connection queues, the
-//! memory budget and the write/stuck timeouts.
+//! memory budget and the write/stuck/preface/idle timeouts.
 //!
 //! Upstream has none of these (grpc-go and the Go runtime decide them), so
 //! they live in their own `--help` section ([`Section::Konn`]) and have
@@ -35,6 +35,17 @@ pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: u64 = 4 << 20;
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// `--stuck-timeout` default.
 pub const DEFAULT_STUCK_TIMEOUT: Duration = Duration::from_secs(120);
+/// `--preface-timeout` default: grpc-go's `connectionTimeout` (120 s), the
+/// bound upstream puts on a connection's TLS handshake plus HTTP/2 preface.
+pub const DEFAULT_PREFACE_TIMEOUT: Duration = Duration::from_secs(120);
+/// `--idle-timeout` default: upstream has none (grpc-go's
+/// `MaxConnectionIdle` is infinite); 5 minutes frees the descriptor of a
+/// connection nobody uses without disturbing clients, which reconnect on
+/// GOAWAY.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// `--tls-reload-interval` default: how often certificate, key and CA
+/// files are checked for changes (docs/decisions/0004-certificate-reload.md).
+pub const DEFAULT_TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Largest HTTP/2 window (RFC 9113 §6.9.1: 2^31 - 1).
 const MAX_WINDOW: u64 = (1 << 31) - 1;
@@ -83,6 +94,17 @@ pub struct EngineFlags {
     /// closed.
     /// `None`: disabled (flag value 0).
     pub stuck_timeout: Option<Duration>,
+    /// `--preface-timeout`: an accepted HTTP/2 connection (agent port, gRPC
+    /// frontend) whose peer has not sent its preface and first SETTINGS
+    /// this long after accept (TLS handshake included) is closed. `None`:
+    /// disabled (flag value 0).
+    pub preface_timeout: Option<Duration>,
+    /// `--idle-timeout`: an HTTP/2 connection without streams for this long
+    /// is closed with GOAWAY. `None`: disabled (flag value 0).
+    pub idle_timeout: Option<Duration>,
+    /// `--tls-reload-interval`: how often TLS files are checked for
+    /// changes. `None`: never reloaded (flag value 0).
+    pub tls_reload_interval: Option<Duration>,
 }
 
 /// A konn flag value outside its range.
@@ -124,6 +146,9 @@ impl Default for EngineFlags {
             grpc_max_message_size: to_u32(DEFAULT_GRPC_MAX_MESSAGE_SIZE),
             write_timeout: Some(DEFAULT_WRITE_TIMEOUT),
             stuck_timeout: Some(DEFAULT_STUCK_TIMEOUT),
+            preface_timeout: Some(DEFAULT_PREFACE_TIMEOUT),
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            tls_reload_interval: Some(DEFAULT_TLS_RELOAD_INTERVAL),
         }
     }
 }
@@ -201,6 +226,25 @@ impl EngineFlags {
              nothing for this long (for example an HTTP/2 stream whose window never reopens). 0 \
              disables.",
         );
+        flags.add_duration(
+            "preface-timeout",
+            GoDuration::from_std(DEFAULT_PREFACE_TIMEOUT),
+            "Close an HTTP/2 connection (agent port, gRPC frontend, the agent's tunnels) whose peer \
+             has not sent its connection preface and first SETTINGS this long after the \
+             connection was accepted or dialled, TLS handshake included. 0 disables.",
+        );
+        flags.add_duration(
+            "idle-timeout",
+            GoDuration::from_std(DEFAULT_IDLE_TIMEOUT),
+            "Close (GOAWAY) an HTTP/2 connection that has had no stream for this long. 0 disables.",
+        );
+        flags.add_duration(
+            "tls-reload-interval",
+            GoDuration::from_std(DEFAULT_TLS_RELOAD_INTERVAL),
+            "How often certificate, key and CA files are checked for changes. A change is used for \
+             new connections (established ones keep theirs); files that fail the start-up checks \
+             are logged and the previous ones kept. 0 disables reloading.",
+        );
         flags.set_section(previous);
     }
 
@@ -261,6 +305,9 @@ impl EngineFlags {
             grpc_max_message_size: to_u32(grpc_max),
             write_timeout: timeout(flags, "write-timeout")?,
             stuck_timeout: timeout(flags, "stuck-timeout")?,
+            preface_timeout: timeout(flags, "preface-timeout")?,
+            idle_timeout: timeout(flags, "idle-timeout")?,
+            tls_reload_interval: timeout(flags, "tls-reload-interval")?,
         })
     }
 }
@@ -341,6 +388,9 @@ mod tests {
         assert_eq!(e.grpc_max_message_size, 4 << 20);
         assert_eq!(e.write_timeout, Some(Duration::from_secs(60)));
         assert_eq!(e.stuck_timeout, Some(Duration::from_secs(120)));
+        assert_eq!(e.preface_timeout, Some(Duration::from_secs(120)));
+        assert_eq!(e.idle_timeout, Some(Duration::from_secs(300)));
+        assert_eq!(e.tls_reload_interval, Some(Duration::from_secs(10)));
         assert_eq!(e, EngineFlags::default());
     }
 
@@ -358,6 +408,8 @@ mod tests {
             "--grpc-max-message-size=16Mi",
             "--write-timeout=0",
             "--stuck-timeout=5m",
+            "--preface-timeout=10s",
+            "--idle-timeout=0",
         ])
         .unwrap();
         assert_eq!(e.io_engine, IoEngine::Epoll);
@@ -371,6 +423,8 @@ mod tests {
         assert_eq!(e.grpc_max_message_size, 16 << 20);
         assert_eq!(e.write_timeout, None);
         assert_eq!(e.stuck_timeout, Some(Duration::from_secs(300)));
+        assert_eq!(e.preface_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(e.idle_timeout, None);
     }
 
     #[test]

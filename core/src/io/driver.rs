@@ -23,12 +23,21 @@
 //! already borrowed); it reports [`Error::Usage`] instead of panicking.
 //!
 //! **Deadlines.** Every wait is bounded: the TLS handshake
-//! ([`DriverConfig::handshake_timeout`]), each socket write
-//! ([`DriverConfig::write_timeout`]: a peer that stops reading — a zero
-//! window or a full socket buffer — is disconnected), keepalive PINGs (in
-//! the HTTP/2 machine), the wait for a read buffer while the memory budget
-//! is used up (`PoolConfig::acquire_timeout`). Reads wait for the peer
-//! indefinitely, which is the keepalive's job to bound.
+//! ([`DriverConfig::handshake_timeout`]), the peer's HTTP/2 preface and
+//! first SETTINGS ([`DriverConfig::preface_timeout`], counted from accept,
+//! so it bounds a peer stalling anywhere before its first frame), a
+//! connection without streams ([`DriverConfig::idle_timeout`]: GOAWAY),
+//! each socket write ([`DriverConfig::write_timeout`]: a peer that stops
+//! reading — a zero window or a full socket buffer — is disconnected),
+//! keepalive PINGs, the wait for a read buffer while the memory budget is
+//! used up (`PoolConfig::acquire_timeout`). The HTTP/2 machine keeps the
+//! preface, idle and keepalive timers; the driver runs them. Reads of a
+//! live connection wait for the peer indefinitely, which is the
+//! keepalive's job to bound.
+//!
+//! **TLS alerts.** When TLS fails (a client certificate from an unknown CA,
+//! none where one is required, …) the alert rustls queued is written
+//! before the socket is shut, so the peer learns why.
 //!
 //! **Buffers.** Received bytes land in buffers of the worker's pool
 //! ([`super::pool::current`]): the socket's bytes directly for plaintext
@@ -91,6 +100,14 @@ pub struct DriverConfig {
     pub handshake_timeout: Duration,
     /// Bytes of HTTP/2 output gathered per socket write.
     pub max_write_batch: usize,
+    /// Close a connection whose peer has not completed its HTTP/2 preface
+    /// and first SETTINGS (after TLS, when there is TLS) this long after it
+    /// was accepted or dialled. Applied to the session by
+    /// [`ConnHandle::new`]; `None` leaves the session's own setting.
+    pub preface_timeout: Option<Duration>,
+    /// Gracefully close (GOAWAY) a connection that has had no stream for
+    /// this long. Applied like `preface_timeout`.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for DriverConfig {
@@ -99,6 +116,8 @@ impl Default for DriverConfig {
             write_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(20),
             max_write_batch: 256 * 1024,
+            preface_timeout: None,
+            idle_timeout: None,
         }
     }
 }
@@ -311,7 +330,10 @@ impl<S, H> ConnHandle<S, H> {
 
 impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     /// A connection ready to [`ConnHandle::run`].
-    pub fn new(session: S, tls: Option<TlsLayer>, handler: H, cfg: DriverConfig) -> Self {
+    pub fn new(mut session: S, tls: Option<TlsLayer>, handler: H, cfg: DriverConfig) -> Self {
+        session
+            .h2_mut()
+            .set_deadlines(cfg.preface_timeout, cfg.idle_timeout);
         Self(Rc::new(Conn {
             session: RefCell::new(session),
             tls: RefCell::new(tls.map(Box::new)),
@@ -877,14 +899,17 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             // Control replies were flushed: reading may resume.
             self.wake_reader.notify();
         };
-        // Say goodbye properly where we can, then stop the reader.
-        if result.is_ok()
-            && let Some(t) = self.tls.borrow_mut().as_mut()
-        {
-            t.send_close_notify();
+        // Say goodbye properly where we can, then stop the reader. After a
+        // TLS error rustls has queued the alert that tells the peer why
+        // (`unknown_ca`, `certificate_required`, …): send that instead.
+        if let Some(t) = self.tls.borrow_mut().as_mut() {
+            if result.is_ok() {
+                t.send_close_notify();
+            }
             t.take_tls(&mut out);
         }
-        if result.is_ok() && !out.is_empty() {
+        let socket_failed = matches!(result, Err(Error::Io(_) | Error::WriteTimeout(_)));
+        if !socket_failed && !out.is_empty() {
             // Boxed: a timer kept in the writer's state would cost every
             // connection 640 bytes for this one last write.
             let _ = Box::pin(monoio::time::timeout(

@@ -7,7 +7,7 @@
 //! (`poll_transmit`: preface, control frames, stream frames).
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use konn_frames::Reason;
@@ -33,6 +33,14 @@ const KEEPALIVE_PING: [u8; 8] = *b"konn-ka\0";
 const GOAWAY_PING: [u8; 8] = *b"konn-ga\0";
 /// Highest stream id (RFC 9113 §5.1.1).
 const MAX_STREAM_ID: u32 = (1 << 31) - 1;
+/// How long a graceful shutdown waits for the PING that ends its first
+/// phase before sending the final GOAWAY anyway (grpc-go: 5 s), so a peer
+/// that never answers cannot keep a draining connection open.
+const DRAIN_PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// GOAWAY debug data of an idle close (grpc-go's text for `MaxConnectionIdle`).
+const IDLE_DEBUG: &[u8] = b"max_idle";
+/// GOAWAY debug data when the preface deadline passes.
+const PREFACE_TIMEOUT_DEBUG: &str = "no HTTP/2 preface and SETTINGS before the preface timeout";
 
 /// Counters for metrics and leak checks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -188,6 +196,16 @@ pub struct Connection {
     error: Option<Fail>,
     scratch: BytesMut,
     stats: Stats,
+    /// When the connection was created (the preface deadline counts from it).
+    created: Instant,
+    /// The latest `now` any call brought (stream-table changes made by
+    /// commands, which take no time, are stamped with it).
+    last_now: Instant,
+    /// Since when the stream table has been empty (`None` while a stream
+    /// exists): the idle deadline counts from it.
+    idle_since: Option<Instant>,
+    /// Graceful shutdown: when to stop waiting for the PING ACK.
+    drain_deadline: Option<Instant>,
 }
 
 impl Connection {
@@ -254,7 +272,22 @@ impl Connection {
             error: None,
             scratch: BytesMut::new(),
             stats: Stats::default(),
+            created: now,
+            last_now: now,
+            idle_since: Some(now),
+            drain_deadline: None,
             cfg,
+        }
+    }
+
+    /// Override [`Config::preface_timeout`] and [`Config::idle_timeout`]
+    /// where a value is given (the driver applies its listener settings).
+    pub fn set_deadlines(&mut self, preface: Option<Duration>, idle: Option<Duration>) {
+        if preface.is_some() {
+            self.cfg.preface_timeout = preface;
+        }
+        if idle.is_some() {
+            self.cfg.idle_timeout = idle;
         }
     }
 
@@ -355,6 +388,7 @@ impl Connection {
             end_stream,
         });
         self.streams.insert(id, s);
+        self.idle_since = None;
         self.local_active += 1;
         self.mark_ready(id);
         Ok(id)
@@ -466,6 +500,10 @@ impl Connection {
     /// GOAWAY(2^31−1) and a PING, then the final GOAWAY once the PING is
     /// acknowledged, so streams in flight are not refused (grpc-go's drain).
     pub fn shutdown(&mut self) {
+        self.shutdown_with(Bytes::new());
+    }
+
+    fn shutdown_with(&mut self, debug: Bytes) {
         if self.drain != Drain::None || self.error.is_some() {
             return;
         }
@@ -474,19 +512,20 @@ impl Connection {
                 self.push_control(Control::GoAway {
                     last: MAX_STREAM_ID,
                     reason: Reason::NO_ERROR,
-                    debug: Bytes::new(),
+                    debug,
                 });
                 self.push_control(Control::Ping {
                     ack: false,
                     payload: GOAWAY_PING,
                 });
                 self.drain = Drain::AwaitingPing;
+                self.drain_deadline = Some(self.last_now + DRAIN_PING_TIMEOUT);
             }
             Role::Client => {
                 self.push_control(Control::GoAway {
                     last: self.last_remote_id,
                     reason: Reason::NO_ERROR,
-                    debug: Bytes::new(),
+                    debug,
                 });
                 self.goaway_sent = Some(self.last_remote_id);
                 self.drain = Drain::Final;
@@ -557,6 +596,25 @@ impl Connection {
         if self.error.is_some() {
             return None;
         }
+        let preface = self
+            .cfg
+            .preface_timeout
+            .filter(|_| !self.settings_received)
+            .map(|t| self.created + t);
+        let idle = match (self.cfg.idle_timeout, self.idle_since) {
+            (Some(t), Some(since)) if self.drain == Drain::None => Some(since + t),
+            _ => None,
+        };
+        let drain = self
+            .drain_deadline
+            .filter(|_| self.drain == Drain::AwaitingPing);
+        [preface, idle, drain, self.keepalive_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn keepalive_deadline(&self) -> Option<Instant> {
         if let Some(d) = self.pings.ka_deadline {
             return Some(d);
         }
@@ -567,10 +625,28 @@ impl Connection {
         Some(self.pings.last_recv + ka.interval)
     }
 
-    /// Run timers due at `now`: keepalive PINGs and their deadline.
+    /// Run timers due at `now`: the preface deadline, the idle deadline,
+    /// the bound on a graceful shutdown's PING, keepalive PINGs and their
+    /// deadline.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.saw(now);
         if self.error.is_some() {
             return;
+        }
+        if let Some(t) = self.cfg.preface_timeout
+            && !self.settings_received
+            && now >= self.created + t
+        {
+            self.protocol_error(Reason::PROTOCOL_ERROR, PREFACE_TIMEOUT_DEBUG);
+            return;
+        }
+        if let (Some(t), Some(since)) = (self.cfg.idle_timeout, self.idle_since)
+            && now >= since + t
+        {
+            self.shutdown_with(Bytes::from_static(IDLE_DEBUG));
+        }
+        if self.drain == Drain::AwaitingPing && self.drain_deadline.is_some_and(|d| now >= d) {
+            self.final_goaway();
         }
         if let Some(d) = self.pings.ka_deadline {
             if now >= d {
@@ -589,6 +665,26 @@ impl Connection {
             payload: KEEPALIVE_PING,
         });
         self.pings.ka_deadline = Some(now + ka.timeout);
+    }
+
+    /// Phase two of a server's graceful shutdown: the final GOAWAY naming
+    /// the last stream that will be served.
+    pub(super) fn final_goaway(&mut self) {
+        self.push_control(Control::GoAway {
+            last: self.last_remote_id,
+            reason: Reason::NO_ERROR,
+            debug: Bytes::new(),
+        });
+        self.goaway_sent = Some(self.last_remote_id);
+        self.drain = Drain::Final;
+        self.drain_deadline = None;
+    }
+
+    /// Remember the latest time a caller brought.
+    pub(super) fn saw(&mut self, now: Instant) {
+        if now > self.last_now {
+            self.last_now = now;
+        }
     }
 
     // ----- helpers --------------------------------------------------------
@@ -642,6 +738,9 @@ impl Connection {
                 self.remote_active -= 1;
             }
             self.streams.remove(&id);
+            if self.streams.is_empty() {
+                self.idle_since = Some(self.last_now);
+            }
         }
     }
 
@@ -681,6 +780,13 @@ impl Connection {
         if self.error.is_some() {
             return;
         }
+        // Every ENHANCE_YOUR_CALM names the limit it enforces.
+        let debug = match fail {
+            Fail::Frame(konn_frames::Error::HpackWorkLimit) if debug.is_empty() => {
+                Bytes::from_static(b"HPACK decoding work limit")
+            }
+            _ => debug,
+        };
         self.control.clear();
         if let Some(reason) = fail.goaway_reason() {
             self.control.push_back(Control::GoAway {

@@ -123,6 +123,15 @@ pub struct Config {
     pub ping_policy: Option<PingPolicy>,
     /// Abuse limits.
     pub limits: Limits,
+    /// Fail the connection when the peer's preface and first SETTINGS have
+    /// not arrived this long after the connection was created (for a server
+    /// that includes the TLS handshake: it is created at accept). grpc-go
+    /// allows 120 s (`connectionTimeout`). `None`: no deadline.
+    pub preface_timeout: Option<Duration>,
+    /// Start a graceful shutdown (GOAWAY `max_idle`) once the connection has
+    /// had no stream for this long (grpc-go's `MaxConnectionIdle`). `None`:
+    /// never.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -143,6 +152,8 @@ impl Config {
             keepalive: None,
             ping_policy: None,
             limits: Limits::default(),
+            preface_timeout: None,
+            idle_timeout: None,
         }
     }
 

@@ -1133,3 +1133,107 @@ fn nothing_follows_the_goaway_of_a_failed_connection() {
     assert!(r.conn.is_closed());
     assert_eq!(r.conn.check_invariants(), Ok(()));
 }
+
+// ----- connection deadlines and ENHANCE_YOUR_CALM texts ---------------------
+
+fn deadline_cfg() -> Config {
+    let mut c = server_cfg();
+    c.preface_timeout = Some(Duration::from_secs(10));
+    c.idle_timeout = Some(Duration::from_secs(30));
+    c
+}
+
+#[test]
+fn preface_deadline_fails_a_silent_peer() {
+    let mut c = Connection::new(deadline_cfg(), t0());
+    let mut out = BytesMut::new();
+    c.poll_transmit(t0(), &mut out, usize::MAX);
+    // Half a preface is no progress.
+    let mut input = BytesMut::from(&wire::PREFACE[..10]);
+    c.handle_input(t0() + Duration::from_secs(5), &mut input)
+        .unwrap();
+    assert_eq!(c.poll_timeout(), Some(t0() + Duration::from_secs(10)));
+    c.handle_timeout(t0() + Duration::from_secs(9));
+    assert!(c.error().is_none(), "not before the deadline");
+    c.handle_timeout(t0() + Duration::from_secs(10));
+    assert!(matches!(
+        c.error(),
+        Some(Error::H2Local {
+            reason: Reason::PROTOCOL_ERROR,
+            ..
+        })
+    ));
+    out.clear();
+    c.poll_transmit(t0(), &mut out, usize::MAX);
+    let (f, _) = wire::decode(&out, 1 << 24).unwrap().unwrap();
+    let Frame::GoAway { debug_data, .. } = f else {
+        panic!("{f:?}")
+    };
+    assert!(String::from_utf8_lossy(debug_data).contains("preface timeout"));
+    assert!(c.is_closed());
+}
+
+#[test]
+fn preface_deadline_ends_with_the_first_settings() {
+    let mut r = Raw::server(deadline_cfg());
+    // Only the idle deadline is left.
+    assert_eq!(r.conn.poll_timeout(), Some(t0() + Duration::from_secs(30)));
+    r.conn.handle_timeout(t0() + Duration::from_secs(11));
+    assert!(r.conn.error().is_none());
+}
+
+#[test]
+fn idle_connection_is_shut_down_and_closes_without_a_ping_ack() {
+    let mut r = Raw::server(deadline_cfg());
+    r.written();
+    r.now = t0() + Duration::from_secs(30);
+    r.conn.handle_timeout(r.now);
+    r.feed().unwrap();
+    let (reason, debug) = r.goaway().expect("GOAWAY");
+    assert_eq!(reason, Reason::NO_ERROR);
+    assert!(debug.ends_with("max_idle"), "{debug:?}");
+    assert!(!r.conn.is_closed(), "phase one waits for the PING ACK");
+    // The peer never answers the PING: the final GOAWAY goes out anyway.
+    assert_eq!(r.conn.poll_timeout(), Some(r.now + Duration::from_secs(5)));
+    r.now += Duration::from_secs(5);
+    r.conn.handle_timeout(r.now);
+    r.feed().unwrap();
+    assert!(r.goaway().is_some(), "final GOAWAY");
+    assert!(r.conn.is_closed());
+}
+
+#[test]
+fn idle_deadline_counts_from_the_last_stream() {
+    let mut r = Raw::server(deadline_cfg());
+    r.now = t0() + Duration::from_secs(20);
+    r.open(1, true).unwrap();
+    assert_eq!(r.conn.poll_timeout(), None, "a stream is open");
+    r.now = t0() + Duration::from_secs(100);
+    r.conn.handle_timeout(r.now);
+    r.feed().unwrap();
+    assert!(r.goaway().is_none(), "busy connections are never idle");
+    r.conn
+        .send_headers(1, Headers::response(200), true)
+        .unwrap();
+    r.conn.release_stream(1);
+    r.feed().unwrap();
+    assert_eq!(r.conn.poll_timeout(), Some(r.now + Duration::from_secs(30)));
+}
+
+#[test]
+fn hpack_work_limit_goaway_names_the_limit() {
+    let mut r = Raw::server(server_cfg());
+    // Nine dynamic table size updates: one more than the decoder allows.
+    let block = [0x20u8; 9];
+    let _ = r.frame(Frame::Headers {
+        stream_id: 1,
+        end_stream: true,
+        end_headers: true,
+        priority: None,
+        pad_len: None,
+        fragment: &block,
+    });
+    let (reason, debug) = r.goaway().expect("GOAWAY");
+    assert_eq!(reason, Reason::ENHANCE_YOUR_CALM);
+    assert!(debug.contains("HPACK decoding work limit"), "{debug:?}");
+}

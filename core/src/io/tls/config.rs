@@ -30,6 +30,7 @@ use rustls_pki_types::ServerName;
 
 use super::layer::TlsLayer;
 use super::pem::{PemSource, load_ca_bundle, load_identity};
+use super::reload::{Live, Watcher};
 use super::suites::{TlsMinVersion, TlsWarning, cipher_suites_from_go_names};
 use crate::error::Error;
 
@@ -163,20 +164,41 @@ impl ServerTlsOptions {
         };
         let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(identity)));
         config.alpn_protocols = alpn_list(&[ALPN_H2.to_vec()], &self.extra_alpn)?;
+        let config = Arc::new(config);
         Ok(ServerTls {
-            config: Arc::new(config),
+            live: Arc::new(Live::new(config.clone())),
+            source: Arc::new(self.clone()),
+            config,
             limits: self.limits,
             warnings: warning.into_iter().collect(),
         })
     }
+
+    /// The files this configuration is read from.
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        [
+            Some(&self.cert_chain),
+            Some(&self.private_key),
+            self.client_ca.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.path())
+        .collect()
+    }
 }
 
 /// A built TLS server configuration: shared by all connections of a
-/// listener (cheap to clone).
+/// listener (cheap to clone; clones share reloads).
 #[derive(Debug, Clone)]
 pub struct ServerTls {
-    /// The rustls configuration.
+    /// The rustls configuration as built; after a reload new connections
+    /// use [`ServerTls::current`].
     pub config: Arc<ServerConfig>,
+    /// The configuration new connections use (see [`super::reload`]).
+    live: Arc<Live<ServerConfig>>,
+    /// What it was built from, to build it again.
+    source: Arc<ServerTlsOptions>,
     /// Per-connection limits.
     pub limits: TlsLimits,
     /// Flag values that were accepted but changed; log them at start-up.
@@ -184,9 +206,40 @@ pub struct ServerTls {
 }
 
 impl ServerTls {
-    /// A new server-side [`TlsLayer`] for one accepted connection.
+    /// A new server-side [`TlsLayer`] for one accepted connection, with the
+    /// current (possibly reloaded) configuration.
     pub fn layer(&self) -> Result<TlsLayer, Error> {
-        TlsLayer::server(self.config.clone(), self.limits.buffer_limit)
+        TlsLayer::server(self.current(), self.limits.buffer_limit)
+    }
+
+    /// The configuration new connections use now.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        self.live.current()
+    }
+
+    /// Reload the certificate, key and CA files when they change (checked
+    /// every `interval`), for this value and all its clones, until the
+    /// returned [`Watcher`] is dropped. `what` names the listener in the
+    /// log; `on_reload(ok)` is told every outcome.
+    ///
+    /// # Errors
+    ///
+    /// The watcher thread could not be started.
+    pub fn watch(
+        &self,
+        what: &'static str,
+        interval: Duration,
+        on_reload: impl Fn(bool) + Send + 'static,
+    ) -> std::io::Result<Watcher> {
+        let source = self.source.clone();
+        Watcher::spawn(
+            what,
+            source.files(),
+            interval,
+            self.live.clone(),
+            move || source.build().map(|t| t.config),
+            on_reload,
+        )
     }
 }
 
@@ -243,33 +296,99 @@ impl ClientTlsOptions {
         };
         // Upstream: NextProtos = --alpn-proto, then grpc-go appends "h2".
         config.alpn_protocols = alpn_list(&self.extra_alpn, &[ALPN_H2.to_vec()])?;
-        Ok(ClientTls {
-            config: Arc::new(config),
-            server_name,
-            limits: self.limits,
-        })
+        Ok(ClientTls::new(Arc::new(config), server_name, self.limits)
+            .with_source(Arc::new(self.clone())))
+    }
+
+    /// The files this configuration is read from.
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        let identity = self.identity.iter().flat_map(|(c, k)| [c, k]);
+        std::iter::once(&self.ca)
+            .chain(identity)
+            .filter_map(|p| p.path())
+            .collect()
     }
 }
 
-/// A built TLS client configuration (cheap to clone).
+/// A built TLS client configuration (cheap to clone; clones share
+/// reloads).
 #[derive(Debug, Clone)]
 pub struct ClientTls {
-    /// The rustls configuration.
+    /// The rustls configuration as built; after a reload new connections
+    /// use [`ClientTls::current`].
     pub config: Arc<ClientConfig>,
     /// The server name verified (and sent as SNI when it is a DNS name).
     pub server_name: ServerName<'static>,
     /// Per-connection limits.
     pub limits: TlsLimits,
+    /// The configuration new connections use (see [`super::reload`]).
+    live: Arc<Live<ClientConfig>>,
+    /// What it was built from, to build it again (`None`: made from a
+    /// rustls configuration directly, never reloaded).
+    source: Option<Arc<ClientTlsOptions>>,
 }
 
 impl ClientTls {
-    /// A new client-side [`TlsLayer`] for one outgoing connection.
+    /// A client configuration from a rustls one (not reloadable).
+    pub fn new(
+        config: Arc<ClientConfig>,
+        server_name: ServerName<'static>,
+        limits: TlsLimits,
+    ) -> Self {
+        Self {
+            live: Arc::new(Live::new(config.clone())),
+            config,
+            server_name,
+            limits,
+            source: None,
+        }
+    }
+
+    fn with_source(mut self, source: Arc<ClientTlsOptions>) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// A new client-side [`TlsLayer`] for one outgoing connection, with the
+    /// current (possibly reloaded) configuration.
     pub fn layer(&self) -> Result<TlsLayer, Error> {
         TlsLayer::client(
-            self.config.clone(),
+            self.current(),
             self.server_name.clone(),
             self.limits.buffer_limit,
         )
+    }
+
+    /// The configuration new connections use now.
+    pub fn current(&self) -> Arc<ClientConfig> {
+        self.live.current()
+    }
+
+    /// Reload the CA, certificate and key files when they change, as
+    /// [`ServerTls::watch`] does. `None` for a configuration not built
+    /// from options.
+    ///
+    /// # Errors
+    ///
+    /// The watcher thread could not be started.
+    pub fn watch(
+        &self,
+        what: &'static str,
+        interval: Duration,
+        on_reload: impl Fn(bool) + Send + 'static,
+    ) -> std::io::Result<Option<Watcher>> {
+        let Some(source) = self.source.clone() else {
+            return Ok(None);
+        };
+        Watcher::spawn(
+            what,
+            source.files(),
+            interval,
+            self.live.clone(),
+            move || source.build().map(|t| t.config),
+            on_reload,
+        )
+        .map(Some)
     }
 }
 

@@ -14,6 +14,8 @@
 //! - [`pem`]: strict PEM loading of chains, keys and CA bundles.
 //! - [`suites`]: Go names for `--tls-min-version` and `--cipher-suites`.
 //! - [`layer`]: [`TlsLayer`] itself.
+//! - [`reload`]: the replaceable configuration slot and the thread that
+//!   reloads certificates, keys and CAs when their files change.
 //! - [`stream`]: [`TlsStream`], a small async adapter over monoio streams
 //!   with a handshake timeout, for tests and simple connections.
 //! - [`sni`]: [`ClientHelloPeek`] (the SNI of a connection before its
@@ -26,6 +28,7 @@
 pub mod config;
 pub mod layer;
 pub mod pem;
+pub mod reload;
 pub mod sni;
 pub mod stream;
 pub mod suites;
@@ -36,6 +39,7 @@ pub use config::{
 };
 pub use layer::{Plaintext, TlsLayer};
 pub use pem::PemSource;
+pub use reload::Watcher;
 pub use rustls_pki_types::CertificateDer;
 pub use sni::{ClientHelloPeek, ClientIdentityCheck, PeekedHello};
 pub use stream::{TlsStream, handshake};

@@ -61,6 +61,14 @@ impl PemSource {
         }
     }
 
+    /// The file, for a file source.
+    pub fn path(&self) -> Option<PathBuf> {
+        match self {
+            Self::File(p) => Some(p.clone()),
+            Self::Memory { .. } => None,
+        }
+    }
+
     /// The name used in error messages: the path, or the in-memory name.
     pub fn name(&self) -> String {
         match self {

@@ -20,6 +20,7 @@ impl Connection {
     /// connection error once the connection has failed (GOAWAY is queued:
     /// keep transmitting until [`Connection::is_closed`]).
     pub fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error> {
+        self.saw(now);
         if let Some(e) = self.error {
             return Err(e.to_error());
         }
@@ -239,15 +240,7 @@ impl Connection {
             match payload {
                 BDP_PING => self.on_bdp_ack(now),
                 KEEPALIVE_PING => self.pings.ka_deadline = None,
-                GOAWAY_PING if self.drain == Drain::AwaitingPing => {
-                    self.push_control(Control::GoAway {
-                        last: self.last_remote_id,
-                        reason: Reason::NO_ERROR,
-                        debug: Bytes::new(),
-                    });
-                    self.goaway_sent = Some(self.last_remote_id);
-                    self.drain = Drain::Final;
-                }
+                GOAWAY_PING if self.drain == Drain::AwaitingPing => self.final_goaway(),
                 _ => {}
             }
             return;

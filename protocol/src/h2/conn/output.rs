@@ -18,6 +18,7 @@ impl Connection {
     /// Write pending frames into `out` until it holds at least `max` bytes
     /// or nothing is left. Returns the number of bytes written.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
+        self.saw(now);
         let start = out.len();
         if !self.preface_sent {
             self.write_preface(out);

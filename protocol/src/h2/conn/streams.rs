@@ -160,6 +160,7 @@ impl Connection {
                 s.close_remote();
             }
             self.streams.insert(id, s);
+            self.idle_since = None;
             self.remote_active += 1;
             self.events.push_back(Event::Headers {
                 id,
