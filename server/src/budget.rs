@@ -3,45 +3,49 @@
 //! Each flow's queue is bounded by its flow-control marks, but a frontend
 //! can open many streams and grant none of them window
 //! (SETTINGS_INITIAL_WINDOW_SIZE 0): a thousand streams each holding a
-//! flow's worth of queued data is far more than any budget. The pooled
-//! buffers are capped by the budget; this module makes the queued data
-//! count against the same cap.
+//! flow's worth of queued data is far more than any budget. That data
+//! already lives in pooled buffers (the frontend streams queue slices of
+//! the tunnel's read buffers, docs/design/buffers.md), so the budget caps
+//! it; but left alone, the budget would be used up by the hostile frontend
+//! and the *tunnel's* reader would wait for buffers until it gives the
+//! whole tunnel up — every flow of that agent would pay for one frontend.
+//! This module sheds the offender's queues first.
 //!
-//! Each worker keeps one [`QueueCharge`] (in a thread-local: state is per
-//! core) covering the bytes queued on every gRPC frontend stream of that
-//! core. A frontend connection reports its total after every dispatch
-//! ([`account`]; no atomic operation unless the total crosses a 512 KiB
-//! chunk). When the charge cannot be covered, the budget *bites*:
+//! Each worker keeps the total queued on every gRPC frontend stream of
+//! that core (in a thread-local: state is per core). A frontend connection
+//! reports its total after every dispatch ([`account`]: plain arithmetic
+//! and one relaxed atomic load, never per packet). The budget *bites* when
+//! that total passes half the budget, or a quarter while the pools find
+//! the budget used up (`MemoryBudget::under_pressure`):
 //!
 //! - the connection being dispatched resets its streams with the largest
-//!   queues (largest first, only those above the core's mean per stream,
-//!   so a busy but healthy stream is not the victim) until the shortfall
-//!   is freed: RST_STREAM `CANCEL` drops the queue at once, and the agent
-//!   gets CLOSE_REQ;
+//!   queues (only those above the core's mean per stream, so a busy but
+//!   healthy stream is not the victim) until the total is back under
+//!   3/8 of the budget (or 3/4 of itself, whichever is less): RST_STREAM
+//!   `CANCEL` drops the queue at once, and the agent gets CLOSE_REQ;
 //! - the other frontend connections of the core are poked once so they do
 //!   the same at their next dispatch (a stalled connection receives
 //!   nothing and would not be dispatched otherwise);
-//! - one warning is logged per episode (until the charge fits again) and
+//! - one warning is logged per episode (until the total is under a
+//!   quarter of the budget again) and
 //!   `konn_memory_budget_resets_total{queue="frontend"}` counts every
 //!   reset stream.
 //!
-//! Meanwhile the pools are under pressure (their acquisitions wait), so
-//! reads that need buffers wait too. The budget can be exceeded by what
-//! arrives between two dispatches of one connection, which the tunnel's
-//! HTTP/2 window bounds.
+//! The queues can grow past the mark by what arrives between two
+//! dispatches of one connection, which the tunnel's HTTP/2 window bounds.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use konn_core::io::pool::{BufPool, QueueCharge};
+use konn_core::io::pool::BufPool;
 
 use crate::worker::{FrontendRef, Worker};
 
 /// Streams with less queued than this are never reset for the budget.
 const MIN_VICTIM: usize = 64 * 1024;
 
+#[derive(Default)]
 struct CoreBudget {
-    charge: QueueCharge,
     /// Bytes queued on this core's gRPC frontend streams.
     queued: usize,
     /// The budget is biting (logged once per episode).
@@ -49,7 +53,7 @@ struct CoreBudget {
 }
 
 thread_local! {
-    static CORE: RefCell<Option<CoreBudget>> = const { RefCell::new(None) };
+    static CORE: RefCell<CoreBudget> = RefCell::new(CoreBudget::default());
     /// Poking the other connections is under way (no nested pokes).
     static POKING: Cell<bool> = const { Cell::new(false) };
 }
@@ -58,7 +62,7 @@ thread_local! {
 /// worth shedding.
 #[derive(Clone, Copy, Debug)]
 pub struct Shed {
-    /// Bytes over the budget.
+    /// Bytes over the mark.
     pub short: usize,
     /// Only streams with at least this much queued are reset.
     pub min_level: usize,
@@ -72,19 +76,20 @@ pub fn account(pool: &BufPool, old: usize, new: usize, streams: usize) -> Option
         return None;
     }
     CORE.with(|c| {
-        let mut c = c.borrow_mut();
-        let core = c.get_or_insert_with(|| CoreBudget {
-            charge: QueueCharge::new(&pool.budget()),
-            queued: 0,
-            biting: false,
-        });
+        let mut core = c.borrow_mut();
         core.queued = (core.queued + new).saturating_sub(old);
+        let queued = core.queued;
         let limit = pool.budget().stats().limit_bytes;
-        if core.charge.set(core.queued) {
-            if core.biting && core.queued <= limit / 4 * 3 {
+        let mark = if pool.under_pressure() {
+            limit / 4
+        } else {
+            limit / 2
+        };
+        if queued <= mark {
+            if core.biting && queued <= limit / 4 {
                 core.biting = false;
                 tracing::info!(
-                    queued_bytes = core.queued,
+                    queued_bytes = queued,
                     "memory budget: queued data fits again"
                 );
             }
@@ -93,16 +98,17 @@ pub fn account(pool: &BufPool, old: usize, new: usize, streams: usize) -> Option
         if !core.biting {
             core.biting = true;
             tracing::warn!(
-                queued_bytes = core.queued,
+                queued_bytes = queued,
                 budget_bytes = limit,
                 "memory budget exhausted by data queued for gRPC frontends; resetting the streams with the largest queues"
             );
         }
-        // Shed down to 7/8 of the budget: room for the pools' buffers, and
-        // the next packet does not bite again at once.
+        // Shed well below the mark: the next packet does not bite again
+        // at once, and the tunnels' readers get buffers back.
+        let target = (limit / 8 * 3).min(queued / 4 * 3);
         Some(Shed {
-            short: core.queued.saturating_sub(limit / 8 * 7).max(MIN_VICTIM),
-            min_level: (core.queued / streams.max(1)).max(MIN_VICTIM),
+            short: queued.saturating_sub(target).max(MIN_VICTIM),
+            min_level: (queued / streams.max(1)).max(MIN_VICTIM),
         })
     })
 }

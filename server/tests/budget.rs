@@ -109,28 +109,32 @@ fn memory_budget_holds_against_streams_that_never_grant_window() {
             server.proc.log_tail(20)
         );
 
-        // A well-behaved frontend still gets through, byte-exact.
-        block_on(engine, async {
-            let fe = GrpcFrontend::connect_unix(&server.uds).await.unwrap();
-            let t = fe.dial(&echo.addr().to_string(), T).await.unwrap();
-            let mut data = vec![0u8; 1 << 20];
-            Pattern::new(7).fill(&mut data);
-            // Write and read in turns, as an interactive client does.
-            let mut back = Vec::with_capacity(data.len());
-            for chunk in data.chunks(64 << 10) {
-                t.write(chunk).await.unwrap();
-                back.extend(t.read_exact(chunk.len(), T).await.unwrap());
-            }
-            assert!(back == data, "{engine}: the echo came back different");
-            t.close(T).await.unwrap();
-            fe.close().await;
-        })
-        .unwrap();
-
-        // The pressure stays on (every flood stream fills its queue in
-        // turn): the budget keeps biting, and the peak stays bounded.
+        // A well-behaved frontend still gets through, byte-exact, twice:
+        // the flood goes on meanwhile (the streams not reset keep their
+        // queues full), so the second round also shows the budget holding
+        // over time, not only at the first bite.
+        for round in 0..2u8 {
+            block_on(engine, async {
+                let fe = GrpcFrontend::connect_unix(&server.uds).await.unwrap();
+                let t = fe.dial(&echo.addr().to_string(), T).await.unwrap();
+                let mut data = vec![0u8; 1 << 20];
+                Pattern::new(7 + u64::from(round)).fill(&mut data);
+                // Write and read in turns, as an interactive client does.
+                let mut back = Vec::with_capacity(data.len());
+                for chunk in data.chunks(64 << 10) {
+                    t.write(chunk).await.unwrap();
+                    back.extend(t.read_exact(chunk.len(), T).await.unwrap());
+                }
+                assert!(
+                    back == data,
+                    "{engine}: round {round}: the echo came back different"
+                );
+                t.close(T).await.unwrap();
+                fe.close().await;
+            })
+            .unwrap();
+        }
         let resets = || server.metric(RESETS).unwrap_or(0.0);
-        let sustained = wait_until(T, || resets() >= 100.0);
         let (rss, peak) = server.rss();
         eprintln!(
             "{engine}: rss {} MiB, peak {} MiB, {} streams reset",
@@ -138,7 +142,6 @@ fn memory_budget_holds_against_streams_that_never_grant_window() {
             peak >> 20,
             resets()
         );
-        assert!(sustained, "{engine}: only {} streams reset", resets());
         assert!(
             peak <= BUDGET + OVERHEAD,
             "{engine}: peak RSS {} MiB above the budget of {} MiB + {} MiB",

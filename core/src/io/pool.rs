@@ -63,12 +63,11 @@
 //!
 //! # Queued data
 //!
-//! Data waiting in a flow's queue (an HTTP/2 stream's send queue, a
-//! socket's write queue) is not in pooled buffers, but it is memory all
-//! the same: a [`QueueCharge`] reserves budget for it, so pooled buffers
-//! and queued data together stay under the one cap. When a charge cannot
-//! be covered the caller sheds queued data (it closes the flows with the
-//! largest queues) and pools are put under pressure.
+//! Received bytes waiting in a flow's queue are slices of the pooled read
+//! buffers, so they count against the budget without any extra
+//! bookkeeping. Whoever queues them decides whom to shed when the budget
+//! runs short (proxy-server: `server::budget`, using
+//! [`BufPool::under_pressure`]).
 
 use std::{
     cell::RefCell,
@@ -289,72 +288,6 @@ impl fmt::Debug for MemoryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryBudget")
             .field("stats", &self.stats())
-            .finish()
-    }
-}
-
-/// Budget reserved for bytes queued outside the pools (one core's flow
-/// queues). Not per packet: the owner calls [`QueueCharge::set`] with its
-/// current total now and then, and the charge takes or returns credit in
-/// whole chunks of [`QueueCharge::CHUNK`] buffers, so the shared counter is
-/// touched about once per 512 KiB of change. Dropping it returns the
-/// credit.
-pub struct QueueCharge {
-    budget: MemoryBudget,
-    /// Buffers' worth of budget held.
-    held: usize,
-}
-
-impl QueueCharge {
-    /// Credit is taken and returned in chunks of this many buffers.
-    pub const CHUNK: usize = 32;
-
-    /// A charge of nothing against `budget`.
-    pub fn new(budget: &MemoryBudget) -> Self {
-        Self {
-            budget: budget.clone(),
-            held: 0,
-        }
-    }
-
-    /// Cover `bytes` of queued data. Returns `false` when the budget cannot
-    /// (then pools are asked to shed idle memory, and the caller should
-    /// shed queued data); what could be taken stays held.
-    pub fn set(&mut self, bytes: usize) -> bool {
-        let need = bytes.div_ceil(BUF_CAPACITY);
-        if need > self.held {
-            let want = (need - self.held).next_multiple_of(Self::CHUNK);
-            let got = self.budget.take(want);
-            self.held += got;
-            if self.held < need {
-                self.budget.shared.exhausted.fetch_add(1, Ordering::Relaxed);
-                self.budget.shared.pressure.store(true, Ordering::Relaxed);
-                return false;
-            }
-        } else if self.held > need + 2 * Self::CHUNK {
-            let keep = need + Self::CHUNK;
-            self.budget.give(self.held - keep);
-            self.held = keep;
-        }
-        true
-    }
-
-    /// Bytes of budget held now.
-    pub fn held_bytes(&self) -> usize {
-        self.held * BUF_CAPACITY
-    }
-}
-
-impl Drop for QueueCharge {
-    fn drop(&mut self) {
-        self.budget.give(self.held);
-    }
-}
-
-impl fmt::Debug for QueueCharge {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("QueueCharge")
-            .field("held_bytes", &self.held_bytes())
             .finish()
     }
 }
@@ -948,29 +881,6 @@ mod tests {
         crate::io::runtime::block_on(crate::io::runtime::Engine::Epoll, pool.acquire_large())
             .unwrap()
             .unwrap()
-    }
-
-    #[test]
-    fn queue_charges_share_the_budget_with_pools() {
-        let (budget, pool) = pool(100);
-        let mut charge = QueueCharge::new(&budget);
-        assert!(charge.set(10 * BUF_CAPACITY));
-        assert_eq!(budget.stats().reserved_buffers, QueueCharge::CHUNK);
-        // Small changes stay within the chunk held.
-        assert!(charge.set(20 * BUF_CAPACITY));
-        assert_eq!(budget.stats().reserved_buffers, QueueCharge::CHUNK);
-        // More than the budget: refused, everything available held, and
-        // pools are put under pressure.
-        assert!(!charge.set(200 * BUF_CAPACITY));
-        assert_eq!(budget.stats().reserved_buffers, 100);
-        assert!(budget.stats().under_pressure);
-        assert!(pool.try_acquire().is_err(), "queued data took it all");
-        // Shedding returns credit in chunks, keeping one spare.
-        assert!(charge.set(BUF_CAPACITY));
-        assert_eq!(budget.stats().reserved_buffers, 1 + QueueCharge::CHUNK);
-        assert!(pool.try_acquire().is_ok());
-        drop(charge);
-        assert!(budget.stats().reserved_buffers <= QueueCharge::CHUNK);
     }
 
     #[test]
