@@ -1,5 +1,5 @@
 //! The `--clusters-config` file: YAML read with serde-saphyr
-//! (docs/decisions/0004-clusters-config-yaml.md), checked whole, turned into
+//! (docs/decisions/0005-clusters-config-yaml.md), checked whole, turned into
 //! one [`ClusterSettings`] per cluster. Every error names the file, the line
 //! and column, and the field (`clusters[1].agents.clientCA`).
 //!
