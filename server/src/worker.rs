@@ -446,10 +446,13 @@ impl Worker {
     pub fn spawn<F: Future + 'static>(&self, fut: F) {
         let count = self.tasks.clone();
         count.live.set(count.live.get() + 1);
-        drop(monoio::spawn(async move {
-            let _done = TaskDone(count);
-            fut.await;
-        }));
+        // `with_guard`, not `async move { let _done = …; fut.await }`: the
+        // latter keeps `fut` twice in the task (S5: 15.0 → 12.3 KiB per
+        // idle connection).
+        drop(monoio::spawn(konn_core::io::future::with_guard(
+            fut,
+            TaskDone(count),
+        )));
     }
 
     /// A process-unique id (worker index in the top bits).
