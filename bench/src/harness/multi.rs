@@ -245,9 +245,7 @@ impl Stack {
         }
         Ok(())
     }
-}
 
-impl Stack {
     /// Spawn one agent per cluster and wait until every cluster is ready;
     /// returns how long that took.
     fn connect_agents(
