@@ -145,7 +145,9 @@ impl std::error::Error for Error {
         match self {
             Self::Flag(e) => e.source(),
             Self::Tls { source, .. } => Some(source),
-            Self::ClustersConfig(e) => Some(e),
+            // (ClustersConfig's message already holds the whole error:
+            // giving it as the source too printed it twice in main's
+            // `{err:#}`.)
             _ => None,
         }
     }

@@ -41,6 +41,10 @@
 //!   shared server out of its load balancer. `/readyz/<cluster>` is that
 //!   cluster's readiness, upstream's rule (200 `ok` with an agent, else 500
 //!   `no connection to any proxy agent`); an unknown cluster is 404.
+//!   `/readyz?verbose` keeps `/readyz`'s status and lists every cluster in
+//!   kube-apiserver's style, sorted by name:
+//!   `[+]cluster a ok`, `[-]cluster b failed: no connection to any proxy
+//!   agent`, then `readyz check passed` (or `failed`).
 //! - `/metrics`: every cluster's families carry a `cluster` label; the
 //!   process-wide ones (`process_*`, leases, token reviews) do not.
 //! - `/debug/backends` groups the agents by cluster, clusters sorted by
@@ -129,8 +133,8 @@ pub struct ClusterBackends {
 pub trait ClustersView {
     /// The server's readiness (not its clusters').
     fn ready(&self) -> Result<(), String>;
-    /// Cluster `name`'s readiness; `None`: no such cluster.
-    fn cluster_ready(&self, name: &str) -> Option<Result<(), String>>;
+    /// Every cluster's readiness, in any order.
+    fn clusters_ready(&self) -> Vec<(String, Result<(), String>)>;
     /// One scrape (see `ServerMetrics::scrape`).
     fn scrape(&self) -> Vec<u8>;
     /// The agents, by cluster.
@@ -167,18 +171,51 @@ pub fn health_router_clusters(view: Rc<dyn ClustersView>) -> Router {
     let (ready, ready2, cluster, metrics) = (view.clone(), view.clone(), view.clone(), view);
     Router::new()
         .route("/healthz", healthz)
-        .route("/readyz", move |_| readyz(&|| ready.ready()))
+        .route("/readyz", move |req| {
+            if req.query_has("verbose") {
+                readyz_verbose(ready.ready(), ready.clusters_ready())
+            } else {
+                readyz(&|| ready.ready())
+            }
+        })
         .route("/ready", move |_| readyz(&|| ready2.ready()))
         .route("/readyz/", move |req| {
             let name = req.path().strip_prefix("/readyz/").unwrap_or_default();
-            match cluster.cluster_ready(name) {
-                Some(r) => readyz(&move || r.clone()),
+            let all = cluster.clusters_ready();
+            match all.into_iter().find(|(n, _)| n == name) {
+                Some((_, r)) => readyz(&move || r.clone()),
                 None => Response::not_found(),
             }
         })
         .route("/metrics", move |req| {
             scrape_response(metrics.scrape(), req)
         })
+}
+
+/// `/readyz?verbose` with `--clusters-config`: the server's status, and a
+/// line per cluster (module docs).
+fn readyz_verbose(
+    server: Result<(), String>,
+    mut clusters: Vec<(String, Result<(), String>)>,
+) -> Response {
+    clusters.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut body = String::new();
+    for (name, ready) in clusters {
+        match ready {
+            Ok(()) => body.push_str(&format!("[+]cluster {name} ok\n")),
+            Err(why) => body.push_str(&format!("[-]cluster {name} failed: {why}\n")),
+        }
+    }
+    match server {
+        Ok(()) => {
+            body.push_str("readyz check passed");
+            Response::text(200, body)
+        }
+        Err(why) => {
+            body.push_str(&format!("readyz check failed: {why}"));
+            Response::text(500, body)
+        }
+    }
 }
 
 /// The admin port's routes with `--clusters-config` (module docs).
@@ -346,6 +383,18 @@ mod tests {
              \"connections\":{\"open\":0,\"pending\":0}}]}\n"
         );
         assert_eq!(backends_json(Vec::new()), b"{\"agents\":[]}\n");
+        let verbose = readyz_verbose(
+            Ok(()),
+            vec![("b".into(), Err(NOT_READY.into())), ("a".into(), Ok(()))],
+        );
+        assert_eq!(verbose.status, 200);
+        assert_eq!(
+            verbose.body,
+            b"[+]cluster a ok\n[-]cluster b failed: no connection to any proxy agent\n\
+              readyz check passed"
+        );
+        let stopping = readyz_verbose(Err(NOT_READY.into()), Vec::new());
+        assert_eq!(stopping.status, 500);
         assert_eq!(
             clusters_json(vec![
                 ClusterBackends {

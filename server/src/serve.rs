@@ -650,16 +650,20 @@ impl crate::health::ClustersView for WorkerView {
         }
     }
 
-    fn cluster_ready(&self, name: &str) -> Option<Result<(), String>> {
-        let all = self.sorted();
-        let c = all.iter().find(|c| c.name() == name)?;
-        let ready = !self.0.shared.shutting_down.load(Ordering::Relaxed)
-            && c.router.borrow().directory().is_ready();
-        Some(if ready {
-            Ok(())
-        } else {
-            Err(crate::health::NOT_READY.to_owned())
-        })
+    fn clusters_ready(&self) -> Vec<(String, Result<(), String>)> {
+        let stopping = self.0.shared.shutting_down.load(Ordering::Relaxed);
+        self.sorted()
+            .iter()
+            .map(|c| {
+                let ready = !stopping && c.router.borrow().directory().is_ready();
+                let r = if ready {
+                    Ok(())
+                } else {
+                    Err(crate::health::NOT_READY.to_owned())
+                };
+                (c.name().to_owned(), r)
+            })
+            .collect()
     }
 
     fn scrape(&self) -> Vec<u8> {

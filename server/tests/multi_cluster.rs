@@ -570,6 +570,13 @@ fn each_cluster_reaches_only_its_own_agents() {
         assert_eq!(w.health("/readyz"), (200, "ok".to_owned()));
         assert_eq!(w.health("/readyz/b"), (200, "ok".to_owned()));
         assert_eq!(w.health("/readyz/nope").0, 404);
+        assert_eq!(
+            w.health("/readyz?verbose"),
+            (
+                200,
+                "[+]cluster a ok\n[+]cluster b ok\n[+]cluster c ok\nreadyz check passed".to_owned()
+            )
+        );
         // Nothing left in the tables once the frontends are gone.
         let shared = w.server().shared().clone();
         assert!(
@@ -769,6 +776,17 @@ fn sighup_reloads_the_binary_only_with_clusters_config() {
         proc.log_tail(20)
     );
     assert!(proc.is_running(), "SIGHUP must not end the server");
+    // No agent in a: the server stays ready, the cluster is not.
+    let get = |path| http_get(at, path).unwrap();
+    assert_eq!(get("/readyz"), (200, "ok".to_owned()));
+    assert_eq!(
+        get("/readyz/a"),
+        (500, "no connection to any proxy agent".to_owned())
+    );
+    assert_eq!(
+        get("/readyz?verbose").1,
+        "[-]cluster a failed: no connection to any proxy agent\nreadyz check passed"
+    );
     proc.terminate();
     assert!(proc.wait_timeout(T).is_some_and(|s| s.success()));
 
@@ -782,6 +800,18 @@ fn sighup_reloads_the_binary_only_with_clusters_config() {
     ]);
     let mut single = Proc::spawn(&server, &args, &w.dir.path("single.log")).unwrap();
     assert!(konn_testkit::procs::wait_http_ok(at, "/healthz", T));
+    // The single-cluster surface is upstream's: no `cluster` label.
+    let m = metrics();
+    assert!(
+        m.contains(
+            "konnectivity_network_proxy_server_ready_backends{proxy_strategy=\"default\"} 0"
+        ),
+        "{m}"
+    );
+    assert!(
+        !m.contains("cluster=") && !m.contains("konn_server_clusters"),
+        "{m}"
+    );
     single.signal(SIGHUP);
     let status = single.wait_timeout(T);
     assert!(

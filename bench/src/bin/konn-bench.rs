@@ -10,6 +10,7 @@
 //! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 //! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
 //!                   [--kernel io-uring,epoll]
+//! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
 //! ```
 //!
 //! - `compare`: the side-by-side run of docs/BENCHMARKS.md: S1–S8 for the
@@ -43,6 +44,14 @@
 //!   direct baseline and the forward direction on one konn topology
 //!   (`konn_bench::harness::reverse`); prints a markdown table. `--quick`
 //!   shortens the windows and runs one repetition.
+//! - `multi` (S10, docs/BENCHMARKS.md): N clusters on one konn server
+//!   (`--clusters-config`) against N upstream servers, one per cluster, one
+//!   agent per cluster: agents' set-up time, RSS and CPU at idle and under
+//!   an S3-like open loop ([`konn_bench::harness::multi`]). `--quick`: 10
+//!   clusters and short windows; otherwise 10 and 100. Upstream is skipped
+//!   when its binaries are missing. The agents reach their cluster by name
+//!   (SNI), so the command re-runs itself under `unshare -Urm` with an
+//!   `/etc/hosts` of its own that resolves those names to 127.0.0.1.
 
 // A measuring tool: it reads the clock.
 #![allow(clippy::disallowed_methods)]
@@ -52,6 +61,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use konn_bench::harness::compare::{self, Config, Margins};
+use konn_bench::harness::multi;
 use konn_bench::harness::report::UPSTREAM;
 use konn_bench::harness::{Binaries, Mode, Topology, rss_kib};
 use konn_core::io::runtime::{Engine, IoEngine, block_on, resolve};
@@ -68,7 +78,10 @@ fn main() -> Result<()> {
         Some("reverse") => reverse_main(it),
         Some("icount") => icount_main(it),
         Some("idle") | None => idle_main(it),
-        Some(other) => bail!("unknown subcommand {other:?} (compare, icount, idle, reverse)"),
+        Some("multi") => multi_main(it),
+        Some(other) => {
+            bail!("unknown subcommand {other:?} (compare, icount, idle, multi, reverse)")
+        }
     }
 }
 
@@ -388,6 +401,119 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             std::process::exit(1);
         }
     }
+    Ok(())
+}
+
+/// Set in the re-run of `multi` inside its mount namespace.
+const MULTI_NS_ENV: &str = "KONN_BENCH_MULTI_NS";
+
+fn multi_main(it: impl Iterator<Item = String>) -> Result<()> {
+    let args: Vec<String> = it.collect();
+    let mut quick = false;
+    let mut clusters = None;
+    let mut upstream = PathBuf::from("target/interop/upstream");
+    let mut konn = None;
+    let mut a = args.iter();
+    while let Some(arg) = a.next() {
+        let mut val = |what: &str| a.next().with_context(|| format!("{arg} needs {what}"));
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--clusters" => {
+                let list = val("a list")?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<Vec<usize>, _>>()?;
+                ensure!(
+                    list.iter().all(|n| (1..=1000).contains(n)),
+                    "--clusters: 1 to 1000 each"
+                );
+                clusters = Some(list);
+            }
+            "--upstream" => upstream = val("a directory")?.into(),
+            "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    let clusters = clusters.unwrap_or_else(|| if quick { vec![10] } else { vec![10, 100] });
+    if std::env::var_os(MULTI_NS_ENV).is_none() {
+        return multi_in_namespace(&args, clusters.iter().copied().max().unwrap_or(0));
+    }
+    let konn_dir = match konn {
+        Some(d) => d,
+        None => procs::bin_dir().context("konn's binaries not found; pass --konn DIR")?,
+    };
+    let has = |dir: &Path| {
+        ["proxy-server", "proxy-agent"]
+            .iter()
+            .all(|b| dir.join(b).is_file())
+    };
+    ensure!(
+        has(&konn_dir),
+        "konn's binaries missing in {}",
+        konn_dir.display()
+    );
+    let upstream = if has(&upstream) {
+        Some(Binaries::in_dir(UPSTREAM, &upstream))
+    } else {
+        eprintln!(
+            "upstream binaries missing in {} (scripts/test builds them): konn only",
+            upstream.display()
+        );
+        None
+    };
+    let (idle, warm, window) = if quick { (3, 1, 3) } else { (5, 1, 5) };
+    let cfg = multi::Config {
+        clusters,
+        konn: Binaries::in_dir("konn", &konn_dir),
+        upstream,
+        idle: Duration::from_secs(idle),
+        warm: Duration::from_secs(warm),
+        window: Duration::from_secs(window),
+        rate: 1000.0,
+        size: 64,
+    };
+    procs::raise_nofile(65_536);
+    let work = WorkDir::new("multi")?;
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    eprintln!(
+        "konn-bench multi{}: clusters {:?}, {cpus} CPUs, no pinning, defaults for workers/GOMAXPROCS; \
+         load {} msg/s × {} B over one connection per cluster",
+        if quick { " --quick" } else { "" },
+        cfg.clusters,
+        cfg.rate,
+        cfg.size
+    );
+    let started = Instant::now();
+    let rows = multi::run(&cfg, &work.0, |r| {
+        eprintln!(
+            "  {} clusters, {}: agents ready in {:.2?}",
+            r.clusters, r.name, r.setup
+        );
+    })?;
+    eprintln!("done in {:.0?}", started.elapsed());
+    println!("{}", multi::markdown(&rows));
+    Ok(())
+}
+
+/// Re-run `konn-bench multi <args>` under `unshare -Urm` with an
+/// `/etc/hosts` that resolves the clusters' names.
+fn multi_in_namespace(args: &[String], clusters: usize) -> Result<()> {
+    let work = WorkDir::new("multi-hosts")?;
+    let hosts = work.0.join("hosts");
+    std::fs::write(&hosts, multi::hosts_file(clusters))?;
+    let exe = std::env::current_exe()?;
+    let status = std::process::Command::new("unshare")
+        .args(["-Urm", "--fork", "--kill-child", "sh", "-c"])
+        .arg("mount --bind \"$1\" /etc/hosts && shift && exec \"$@\"")
+        .arg("sh")
+        .arg(&hosts)
+        .arg(&exe)
+        .arg("multi")
+        .args(args)
+        .env(MULTI_NS_ENV, "1")
+        .status()
+        .context("running unshare (util-linux) for a private /etc/hosts")?;
+    ensure!(status.success(), "konn-bench multi failed ({status})");
     Ok(())
 }
 

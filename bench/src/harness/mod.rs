@@ -1,12 +1,14 @@
 //! The side-by-side harness's building blocks: a topology of real binaries
 //! (a proxy-server and a proxy-agent, konn's or upstream's, with the same
 //! flags and certificates), per-process measurements from `/proc`, and the
-//! load generator's pieces ([`dests`], [`load`], [`stats`], [`report`]).
+//! load generator's pieces ([`dests`], [`load`], [`stats`], [`report`]);
+//! [`multi`] is S10, many clusters on one server.
 
 pub mod compare;
 pub mod dests;
 pub mod icount;
 pub mod load;
+pub mod multi;
 pub mod report;
 pub mod reverse;
 pub mod scenarios;
