@@ -144,10 +144,9 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Flag(e) => e.source(),
-            Self::Tls { source, .. } => Some(source),
-            // (ClustersConfig's message already holds the whole error:
+            // Tls and ClustersConfig name their cause in their own message:
             // giving it as the source too printed it twice in main's
-            // `{err:#}`.)
+            // `{err:#}`.
             _ => None,
         }
     }
