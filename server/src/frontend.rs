@@ -137,6 +137,22 @@ impl FrontendConn {
         c.metrics.grpc_connections(ServiceMethod::Proxy).dec();
     }
 
+    /// Send what the router queued for this connection's streams. A packet
+    /// whose stream (or the connection) is already gone is counted as
+    /// upstream counts a failed `Send`:
+    /// `stream_errors_total{segment="to_client"}`, with `Canceled` for a
+    /// stream the client ended and `Unavailable` for a closed connection.
+    fn flush(&self, grpc: &mut Grpc) {
+        let metrics = &self.cluster.metrics;
+        self.outbox.flush_with(grpc, |ty, e| {
+            let code = match e {
+                konn_protocol::Error::StreamClosed(_) => GrpcStatus::CANCELLED,
+                _ => GrpcStatus::UNAVAILABLE,
+            };
+            metrics.stream_errors(Segment::ToClient, code, ty).inc();
+        });
+    }
+
     /// Report this connection's queued bytes to the core's memory budget;
     /// when it bites, reset this connection's largest streams and let the
     /// other connections of the core do the same (`crate::budget`).
@@ -171,7 +187,7 @@ impl FrontendConn {
         }
         if resets > 0 {
             self.worker.all_metrics.budget_resets("frontend", resets);
-            self.outbox.flush(grpc);
+            self.flush(grpc);
             let old = std::mem::replace(&mut self.queued, total.saturating_sub(freed));
             let _ = crate::budget::account(&self.worker.pool, old, self.queued, streams);
         }
@@ -316,7 +332,7 @@ impl Handler<Grpc> for FrontendConn {
     }
 
     fn after_dispatch(&mut self, grpc: &mut Grpc) {
-        self.outbox.flush(grpc);
+        self.flush(grpc);
         // Each stream's send queue is its frontend's flow-control queue:
         // tell the router where it stands (a drop is progress).
         let now = konn_core::io::clock::now();
@@ -340,7 +356,7 @@ impl Handler<Grpc> for FrontendConn {
         }
         if changed {
             self.cluster.apply(&self.worker);
-            self.outbox.flush(grpc);
+            self.flush(grpc);
         }
         self.account(grpc, total);
     }

@@ -85,12 +85,31 @@ impl Outbox {
 
     /// Apply everything queued to the connection's session.
     pub fn flush(&self, grpc: &mut Grpc) {
+        self.flush_with(grpc, |_, _| {});
+    }
+
+    /// [`Outbox::flush`], telling `refused` about each message the session
+    /// would not send (its stream or connection is gone): the message's
+    /// packet type, read from its first bytes, and the error.
+    pub fn flush_with(
+        &self,
+        grpc: &mut Grpc,
+        mut refused: impl FnMut(Option<PacketType>, &konn_protocol::Error),
+    ) {
         loop {
             let next = self.items.borrow_mut().pop_front();
             let Some(item) = next else { return };
             match item {
                 Out::Send(stream, b) => {
-                    let _ = grpc.send_framed(stream, b);
+                    // Two byte loads, in case the send fails (the message
+                    // goes with it).
+                    let head = (
+                        b.get(PACKET_TYPE_AT).copied(),
+                        b.get(PACKET_TYPE_AT + 1).copied(),
+                    );
+                    if let Err(e) = grpc.send_framed(stream, b) {
+                        refused(packet_type(head), &e);
+                    }
                 }
                 Out::Release(stream, n) => grpc.release(stream, n),
                 Out::Finish(stream, status, msg) => {
@@ -104,6 +123,22 @@ impl Outbox {
     pub fn close(&self) {
         self.poke.borrow_mut().take();
         self.items.borrow_mut().clear();
+    }
+}
+
+/// Where a framed Konnectivity `Packet` has its `type` field's tag: right
+/// after the 5-byte gRPC prefix.
+const PACKET_TYPE_AT: usize = 5;
+
+/// The packet type of a framed `Packet` from its first two bytes after the
+/// prefix: `type` is field 1, a varint (tag 0x08); proto3 leaves it out
+/// when it is 0 (`DIAL_REQ`).
+fn packet_type((tag, value): (Option<u8>, Option<u8>)) -> Option<PacketType> {
+    match (tag, value) {
+        (Some(0x08), Some(v)) => PacketType::try_from(i32::from(v)).ok(),
+        (Some(0x08), None) => None,
+        (Some(_), _) => Some(PacketType::DialReq),
+        (None, _) => None,
     }
 }
 
@@ -515,5 +550,58 @@ pub fn bump(counter: &AtomicUsize, up: bool) {
         counter.fetch_add(1, Ordering::Relaxed);
     } else {
         counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use konn_protocol::h2::{Config, Connection, Role};
+
+    fn framed(packet: &[u8]) -> Bytes {
+        let mut b = vec![0, 0, 0, 0, u8::try_from(packet.len()).unwrap()];
+        b.extend_from_slice(packet);
+        Bytes::from(b)
+    }
+
+    #[test]
+    fn a_message_for_a_stream_that_is_gone_is_reported_with_its_type() {
+        let mut grpc = Grpc::new(
+            Connection::new(Config::new(Role::Server), konn_core::io::clock::now()),
+            4 << 20,
+        );
+        let outbox = Outbox::new();
+        // DIAL_RSP (type 1), DATA (type 4), and DIAL_REQ (type 0: proto3
+        // leaves the field out, so the first tag is another field's).
+        outbox.push(Out::Send(1, framed(&[0x08, 0x01, 0x1a, 0x00])));
+        outbox.push(Out::Send(3, framed(&[0x08, 0x04])));
+        outbox.push(Out::Send(5, framed(&[0x12, 0x00])));
+        let mut refused = Vec::new();
+        outbox.flush_with(&mut grpc, |ty, e| refused.push((ty, e.to_string())));
+        let types: Vec<_> = refused.iter().map(|(ty, _)| *ty).collect();
+        assert_eq!(
+            types,
+            [
+                Some(PacketType::DialRsp),
+                Some(PacketType::Data),
+                Some(PacketType::DialReq)
+            ]
+        );
+        assert!(outbox.items.borrow().is_empty());
+    }
+
+    #[test]
+    fn packet_types_from_the_first_bytes() {
+        assert_eq!(packet_type((None, None)), None);
+        assert_eq!(packet_type((Some(0x08), None)), None);
+        assert_eq!(
+            packet_type((Some(0x08), Some(2))),
+            Some(PacketType::CloseReq)
+        );
+        assert_eq!(packet_type((Some(0x08), Some(0x7f))), None);
+        assert_eq!(
+            packet_type((Some(0x22), Some(0))),
+            Some(PacketType::DialReq)
+        );
     }
 }
