@@ -37,6 +37,22 @@ pub fn binary(name: &str) -> std::io::Result<PathBuf> {
         })
 }
 
+/// Upstream's binary `name` (v0.36, built by scripts/test from
+/// interop/go.mod): in `$UPSTREAM_BIN_DIR`, else
+/// `<target>/interop/upstream/`; `None` when it is not there.
+pub fn upstream_binary(name: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("UPSTREAM_BIN_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+            Some(target.join("interop/upstream"))
+        })?;
+    let p = dir.join(name);
+    p.is_file().then_some(p)
+}
+
 /// A running child process; killed (SIGKILL) and reaped when dropped.
 pub struct Proc {
     name: String,
