@@ -108,6 +108,7 @@ pub struct ServerHandle {
     shared: Arc<Shared>,
     metrics: ServerMetrics,
     listen_stop: Stopper,
+    listeners: Arc<Listeners>,
     kube: Option<crate::kube::KubeServices>,
 }
 
@@ -154,6 +155,15 @@ impl ServerHandle {
     pub fn shutdown(mut self, timeout: Duration) -> Result<(), Error> {
         self.shared.shutting_down.store(true, Ordering::SeqCst);
         self.listen_stop.stop();
+        // The Unix-socket frontend listener is shared by every worker (TCP
+        // listeners close with their accept loops): shut it down so new
+        // clients are refused (ECONNREFUSED) instead of waiting unaccepted
+        // in its backlog until the process exits.
+        if let Some(l) = &self.listeners.frontend_unix
+            && let Err(err) = socket2::SockRef::from(l).shutdown(std::net::Shutdown::Both)
+        {
+            tracing::warn!("cannot shut the frontend socket down: {err}");
+        }
         if let Some(w) = &self.workers {
             for i in 0..w.len() {
                 let _ = w.mesh().send(i, Msg::Shutdown);
@@ -265,11 +275,12 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
     let (shared2, metrics2, stop2) = (shared.clone(), metrics.clone(), listen_stop.clone());
     let mut runtime = settings.runtime.clone();
     runtime.workers = workers;
+    let listeners2 = listeners.clone();
     let workers = Workers::start(runtime, move |ctx| {
         worker_main(
             ctx,
             settings.clone(),
-            listeners.clone(),
+            listeners2.clone(),
             shared2.clone(),
             metrics2.clone(),
             stop2.clone(),
@@ -286,6 +297,7 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
         shared,
         metrics,
         listen_stop,
+        listeners,
         kube,
     })
 }
