@@ -8,10 +8,11 @@
 //! - `delay` + `jitter`: each chunk is released after delay plus a
 //!   pseudo-random share of jitter (order kept);
 //! - `rate`: a bandwidth cap in bytes per second;
-//! - `stall`: stop reading the source (its kernel buffers and then its
-//!   window fill up: a frozen or zero-window peer);
-//! - `blackhole`: read and silently drop everything; the sockets stay
-//!   open and no FIN or RST is sent (a partition, as the peers see it);
+//! - `stall`: stop reading the source and forwarding (its kernel buffers
+//!   and then its window fill up: a frozen or zero-window peer; both ways,
+//!   a partition that loses nothing for good, as TCP retransmits);
+//! - `blackhole`: read and silently drop everything (FIN held back); the
+//!   sockets stay open and no RST is sent: what is sent meanwhile is lost;
 //! - `corrupt_at`: flip the byte at this stream offset of every connection.
 //!
 //! One-shot actions on the connections open now: [`ChaosProxy::reset`]
@@ -69,7 +70,7 @@ pub struct Faults {
     pub jitter: Duration,
     /// Bandwidth cap, bytes per second.
     pub rate: Option<u64>,
-    /// Stop reading the source.
+    /// Stop reading the source and forwarding.
     pub stall: bool,
     /// Read and drop everything, keep the sockets open.
     pub blackhole: bool,
@@ -396,9 +397,9 @@ fn pump(client: TcpStream, upstream: TcpStream, ctl: &Ctl, st: &State, seed: u64
                     }
                 }
             }
-            // Write what is due (a blackhole delivers nothing).
+            // Write what is due (nothing under a stall or blackhole).
             while let Some((at, chunk)) = way.queue.front_mut() {
-                if *at > t || f.blackhole {
+                if *at > t || f.blackhole || f.stall {
                     break;
                 }
                 match (&*to).write(chunk) {
@@ -419,7 +420,8 @@ fn pump(client: TcpStream, upstream: TcpStream, ctl: &Ctl, st: &State, seed: u64
                     }
                 }
             }
-            if way.eof && way.queue.is_empty() && !way.shut {
+            // A FIN is held back by a stall or blackhole like any byte.
+            if way.eof && way.queue.is_empty() && !way.shut && !f.stall && !f.blackhole {
                 way.shut = true;
                 let _ = to.shutdown(Shutdown::Write);
             }
@@ -436,7 +438,7 @@ fn pump(client: TcpStream, upstream: TcpStream, ctl: &Ctl, st: &State, seed: u64
             if !way.eof && !f.stall && way.queued < MAX_QUEUED {
                 ev |= libc::POLLIN;
             }
-            if let Some((at, _)) = way.queue.front() {
+            if let Some((at, _)) = way.queue.front().filter(|_| !f.stall && !f.blackhole) {
                 if *at <= t {
                     fds.push(pollfd(socks[1 - d].as_raw_fd(), libc::POLLOUT));
                 } else {
