@@ -734,11 +734,11 @@ fn agent_via_chaos(
 }
 
 #[test]
-fn row06_partition_blackhole() {
+fn row06_partition() {
     run_row(
         "06",
-        "Partition (blackhole agent ↔ server)",
-        "Blackhole both directions between agent and server (no FIN, no RST), server --keepalive-time=1s: the server drops the tunnel within 1 s + 20 s keepalive timeout + 2 s; the frontend on it is closed; after healing the agent reconnects within the cap (1 s) + jitter + FIN notice, exactly one tunnel is ready (no half-open tunnel carries traffic) and a new dial echoes byte-exact",
+        "Partition (agent ↔ server)",
+        "Nothing forwarded either way between agent and server (no FIN, no RST, nothing lost for good), server --keepalive-time=1s: the server drops the tunnel within 1 s + 20 s keepalive timeout + 2 s; the frontend on it is closed; after healing the agent reconnects within the cap (1 s) + jitter + FIN notice, exactly one tunnel is ready (no half-open tunnel carries traffic) and a new dial echoes byte-exact",
         |imp, dir, pki| {
             let echo = Echo::start();
             let server = Server::start(imp, dir, pki, 0, &["--keepalive-time=1s"]);
