@@ -535,6 +535,20 @@ fn record(id: &str, title: &str, criterion: &str, imp: Imp, r: &Result<Measured,
     eprintln!("row {id} {}: {}", imp.name(), json.trim_end());
 }
 
+/// Records that row `id` does not apply to upstream, and why.
+fn record_not_applicable(id: &str, title: &str, criterion: &str, why: &str) {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../reliability");
+    let _ = std::fs::create_dir_all(&dir);
+    let json = format!(
+        "{{\"row\":{},\"title\":{},\"criterion\":{},\"impl\":\"upstream\",\"pass\":null,\"detection_ms\":null,\"recovery_ms\":null,\"bytes_lost\":null,\"note\":{},\"failure\":\"\"}}\n",
+        json_str(id),
+        json_str(title),
+        json_str(criterion),
+        json_str(why),
+    );
+    let _ = std::fs::write(dir.join(format!("{id}.upstream.json")), &json);
+}
+
 /// Runs `row` for every implementation.
 fn run_row(
     id: &str,
@@ -1240,4 +1254,291 @@ fn row12_unresponsive_dialer() {
             })
         },
     );
+}
+
+#[test]
+fn row11_blackholed_dial() {
+    run_row(
+        "11",
+        "Blackholed dial (destination drops SYN)",
+        "Dial a destination whose SYNs are dropped while another dial runs: the blackholed dial fails at the agent's 5 s dial timeout (bound 5 s + 2 s) with an error answer; a concurrent dial to an echo destination completes byte-exact meanwhile; pending dials and agent endpoints back to 0",
+        |imp, dir, pki| {
+            let echo = Echo::start();
+            let hole = konn_testkit::dest::Unresponsive::start().map_err(|e| e.to_string())?;
+            let server = Server::start(imp, dir, pki, 0, &[]);
+            let agent = Agent::start(imp, dir, pki, "agent", server.agent_port);
+            check(wait_until(T, || server.ready() == 1.0), || {
+                "agent not ready".into()
+            })?;
+            let uds = server.uds.clone();
+            let target = hole.addr();
+            let start = Instant::now();
+            let blackholed = std::thread::spawn(move || {
+                let r = connect_through(&uds, target);
+                (r.map(drop), Instant::now())
+            });
+            check(wait_until(T, || server.metric(PENDING) == 1.0), || {
+                "the dial is not pending".into()
+            })?;
+            let concurrent = fresh_echo(&server, echo.addr, 3);
+            let concurrent_done = start.elapsed();
+            let (answer, at) = blackholed.join().unwrap();
+            let detection = at - start;
+            concurrent?;
+            check(concurrent_done < Duration::from_secs(4), || {
+                format!("the concurrent dial took {concurrent_done:?}")
+            })?;
+            check(answer.is_err(), || "the blackholed dial succeeded".into())?;
+            check(detection <= Duration::from_secs(7), || {
+                format!("failed after {detection:?}")
+            })?;
+            check(wait_until(T, || server.tables_empty()), || {
+                "tables not empty".into()
+            })?;
+            check(wait_until(T, || agent.open_endpoints() == 0.0), || {
+                "agent endpoints stay".into()
+            })?;
+            Ok(Measured {
+                detection: Some(detection),
+                bytes_lost: Some(0),
+                note: answer
+                    .err()
+                    .map(|a| format!("answer: {}", a.lines().next().unwrap_or("")))
+                    .unwrap_or_default(),
+                ..Measured::default()
+            })
+        },
+    );
+}
+
+#[test]
+fn row22_close_notify_mid_handshake() {
+    run_row(
+        "22",
+        "TLS: close_notify mid-handshake, truncated ClientHello",
+        "On the agent port, 20 connections each send the first record of a fragmented ClientHello then a close_notify alert, and 20 send a ClientHello record header one byte per write then close their side: the server closes every one within 2 s of the last byte, stays healthy, keeps serving its agent (a new dial echoes byte-exact) and its descriptors return to baseline",
+        |imp, dir, pki| {
+            let echo = Echo::start();
+            let server = Server::start(imp, dir, pki, 0, &[]);
+            let _agent = Agent::start(imp, dir, pki, "agent", server.agent_port);
+            check(wait_until(T, || server.ready() == 1.0), || {
+                "agent not ready".into()
+            })?;
+            let baseline = fds_of(server.proc.pid());
+            // One handshake record of 35 bytes: the start of a ClientHello
+            // that announces 508 bytes (the rest would follow in more records).
+            let mut first = vec![
+                0x16, 0x03, 0x01, 0x00, 0x23, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+            ];
+            first.extend_from_slice(&[0x42; 29]);
+            let close_notify = [0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x00];
+            let mut conns = Vec::new();
+            for i in 0..40 {
+                let mut s = TcpStream::connect(at(server.agent_port)).map_err(|e| e.to_string())?;
+                s.set_nodelay(true).map_err(|e| e.to_string())?;
+                if i % 2 == 0 {
+                    let _ = s.write_all(&first);
+                    let _ = s.write_all(&close_notify);
+                } else {
+                    for b in &first[..5] {
+                        let _ = s.write_all(std::slice::from_ref(b));
+                    }
+                    let _ = s.shutdown(std::net::Shutdown::Write);
+                }
+                conns.push((i, s));
+            }
+            let sent = Instant::now();
+            let deadline = sent + Duration::from_secs(2);
+            let mut open = Vec::new();
+            let mut worst = Duration::ZERO;
+            for (i, mut s) in conns {
+                let left = deadline.saturating_duration_since(Instant::now());
+                s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                    .map_err(|e| e.to_string())?;
+                let mut sink = Vec::new();
+                match s.read_to_end(&mut sink) {
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                        open.push(if i % 2 == 0 {
+                            "close_notify"
+                        } else {
+                            "header+FIN"
+                        });
+                    }
+                    _ => worst = worst.max(sent.elapsed()),
+                }
+            }
+            check(open.is_empty(), || {
+                format!(
+                    "{} of 40 connections still open after 2 s: {open:?}",
+                    open.len()
+                )
+            })?;
+            check(wait_http_ok(server.admin, "/metrics", T), || {
+                "the server stopped answering".into()
+            })?;
+            echo_within(&server, echo.addr, T)?;
+            server_fds_back(&server, baseline)?;
+            Ok(Measured {
+                detection: Some(worst),
+                bytes_lost: Some(0),
+                note: "detection: the slowest close of the 40".into(),
+                ..Measured::default()
+            })
+        },
+    );
+}
+
+/// A seccomp filter that makes `io_uring_setup` fail with EPERM and
+/// allows every other system call (x86_64 and aarch64).
+#[allow(unsafe_code)]
+fn deny_io_uring(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    const IO_URING_SETUP: u32 = 425; // the same number on x86_64 and aarch64
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    let stmt = |code: u16, k: u32| libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let filter = [
+        // Load the system call number (seccomp_data.nr, offset 0).
+        stmt((libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16, 0),
+        jeq(IO_URING_SETUP, 0, 1),
+        stmt(
+            (libc::BPF_RET | libc::BPF_K) as u16,
+            SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        stmt((libc::BPF_RET | libc::BPF_K) as u16, SECCOMP_RET_ALLOW),
+    ];
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes two prctl calls on memory it owns (`filter`, moved in and
+    // alive for the calls); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let prog = libc::sock_fprog {
+                len: filter.len() as u16,
+                filter: filter.as_ptr().cast_mut(),
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn row21_io_uring_denied() {
+    let id = "21";
+    let title = "io_uring denied (seccomp)";
+    let criterion = "Under a seccomp filter that fails io_uring_setup: with --io-engine=auto the server starts on epoll, says so in its log and relays a dial byte-exact; with --io-engine=io-uring it exits 1 within 5 s with a clear message and never reports ready";
+    let r = (|| -> Result<Measured, String> {
+        let dir = TempDir::new("fault-21-konn");
+        let pki = konn_testkit::pki::write(&dir.0).unwrap();
+        let echo = Echo::start();
+        type Run = (std::process::Child, SocketAddr, PathBuf, PathBuf, u16);
+        let run = |engine: &str| -> Result<Run, String> {
+            let (agent, health, admin) = (free_port(), free_port(), free_port());
+            let uds = dir.path(&format!("{engine}.sock"));
+            let log = dir.path(&format!("{engine}.log"));
+            let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+            let mut cmd = std::process::Command::new(Imp::Konn.bin("proxy-server"));
+            cmd.args([
+                "--mode=http-connect".to_owned(),
+                format!("--uds-name={}", uds.display()),
+                "--server-port=0".to_owned(),
+                format!("--cluster-cert={}", pki.server_cert.display()),
+                format!("--cluster-key={}", pki.server_key.display()),
+                format!("--cluster-ca-cert={}", pki.ca_cert.display()),
+                "--agent-bind-address=127.0.0.1".to_owned(),
+                format!("--agent-port={agent}"),
+                "--health-bind-address=127.0.0.1".to_owned(),
+                format!("--health-port={health}"),
+                "--admin-bind-address=127.0.0.1".to_owned(),
+                format!("--admin-port={admin}"),
+                "--workers=1".to_owned(),
+                format!("--io-engine={engine}"),
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().map_err(|e| e.to_string())?)
+            .stderr(out);
+            deny_io_uring(&mut cmd);
+            let child = cmd.spawn().map_err(|e| e.to_string())?;
+            Ok((child, at(health), uds, log, agent))
+        };
+        // auto: epoll, and it relays.
+        let (mut child, health, uds, log, agent_port) = run("auto")?;
+        let started = wait_http_ok(health, "/healthz", T);
+        let relays = started && {
+            let _agent = Agent::start(Imp::Konn, &dir, &pki, "agent", agent_port);
+            wait_until(T, || {
+                connect_through(&uds, echo.addr).is_ok_and(|s| {
+                    let f = Flow::start(s, 21, 16).join();
+                    f.end == End::Complete && f.intact
+                })
+            })
+        };
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = child.kill();
+        let _ = child.wait();
+        check(started, || format!("auto did not start:\n{text}"))?;
+        check(relays, || "auto: no byte-exact dial".into())?;
+        check(text.contains("epoll"), || {
+            format!("no word of epoll in the log:\n{text}")
+        })?;
+        // io-uring required: a clean exit.
+        let (mut child, health, _, log, _) = run("io-uring")?;
+        let start = Instant::now();
+        let mut status = None;
+        let mut ever_ready = false;
+        wait_until(Duration::from_secs(5), || {
+            ever_ready |= http_get(health, "/readyz").is_ok_and(|(c, _)| c == 200);
+            status = child.try_wait().ok().flatten();
+            status.is_some()
+        });
+        let took = start.elapsed();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        check(status.is_some_and(|s| s.code() == Some(1)), || {
+            format!("io-uring under the filter: {status:?}\n{text}")
+        })?;
+        check(!ever_ready, || "reported ready".into())?;
+        check(
+            text.to_lowercase().contains("io_uring") || text.contains("io-uring"),
+            || format!("the message does not name io_uring:\n{text}"),
+        )?;
+        // klog's error lines start with E (or F).
+        let line = text
+            .lines()
+            .find(|l| (l.starts_with('E') || l.starts_with('F')) && l.contains("io_uring"))
+            .unwrap_or("")
+            .to_owned();
+        Ok(Measured {
+            detection: Some(took),
+            note: format!("exit message: {}", line.split("] ").last().unwrap_or(&line)),
+            ..Measured::default()
+        })
+    })();
+    record(id, title, criterion, Imp::Konn, &r);
+    record_not_applicable(id, title, criterion, "Go's runtime does not use io_uring");
+    if let Err(e) = r {
+        panic!("row {id} ({title}), konn: {e}");
+    }
 }
