@@ -1544,3 +1544,93 @@ fn row21_io_uring_denied() {
         panic!("row {id} ({title}), konn: {e}");
     }
 }
+
+/// A destination for one connection: reads until EOF, answers with the
+/// SHA-256 of what it read, closes; the digest also goes to the test.
+fn collector() -> (SocketAddr, std::sync::mpsc::Receiver<(String, u64)>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = l.accept() else { return };
+        let _ = s.set_read_timeout(Some(T));
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut count = 0u64;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    h.update(&buf[..n]);
+                    count += n as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let digest = h.finish_hex();
+        let _ = s.write_all(digest.as_bytes());
+        let _ = tx.send((digest, count));
+    });
+    (addr, rx)
+}
+
+#[test]
+fn row14_half_close() {
+    run_row(
+        "14",
+        "Half-close (client SHUT_WR, then reads)",
+        "The client sends 1 MiB, shuts its write side and reads: every byte reaches the destination byte-exact and the client's connection ends (EOF, detection column) within 2 s of its SHUT_WR; whether the destination's answer after the half-close reaches the client is recorded (upstream ends the tunnel at the client's EOF)",
+        |imp, dir, pki| {
+            let (dest, digest) = collector();
+            let server = Server::start(imp, dir, pki, 0, &[]);
+            let _agent = Agent::start(imp, dir, pki, "agent", server.agent_port);
+            check(wait_until(T, || server.ready() == 1.0), || {
+                "agent not ready".into()
+            })?;
+            let mut s = server.connect(dest)?;
+            let len = 1 << 20;
+            let mut data = vec![0u8; len];
+            Pattern::new(14).fill(&mut data);
+            s.write_all(&data).map_err(|e| e.to_string())?;
+            s.shutdown(std::net::Shutdown::Write)
+                .map_err(|e| e.to_string())?;
+            let shut = Instant::now();
+            let mut answer = Vec::new();
+            let read = s.read_to_end(&mut answer);
+            let took = shut.elapsed();
+            let (got, count) = digest
+                .recv_timeout(T)
+                .map_err(|_| "the destination never saw EOF".to_owned())?;
+            check(got == konn_testkit::sha256_hex(&data), || {
+                format!(
+                    "the destination got {count} of the {len} bytes sent before SHUT_WR ({} lost)",
+                    len as u64 - count.min(len as u64)
+                )
+            })?;
+            check(read.is_ok(), || {
+                format!("client read: {read:?} after {took:?}")
+            })?;
+            check(took <= Duration::from_secs(2), || {
+                format!("EOF after {took:?}")
+            })?;
+            let propagated = answer == got.as_bytes();
+            check(answer.is_empty() || propagated, || {
+                "a corrupted answer".into()
+            })?;
+            check(wait_until(T, || server.tables_empty()), || {
+                "tables not empty".into()
+            })?;
+            Ok(Measured {
+                detection: Some(took),
+                bytes_lost: Some(0),
+                note: if propagated {
+                    "half-close propagated: the destination's answer arrived after the client's SHUT_WR".into()
+                } else {
+                    "no half-close: the tunnel ended at the client's EOF, the destination's answer was dropped".into()
+                },
+                ..Measured::default()
+            })
+        },
+    );
+}
