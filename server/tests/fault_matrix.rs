@@ -1634,3 +1634,74 @@ fn row14_half_close() {
         },
     );
 }
+
+#[test]
+fn row09_slow_frontend() {
+    run_row(
+        "09",
+        "Slow frontend (a CONNECT client stops reading)",
+        "A CONNECT client reads nothing while its destination floods; meanwhile a 2 MiB echo transfer through the same agent completes byte-exact within 10 s (paced: about 0.7 s unhindered); server peak RSS stays under 256 MiB; konn (--stuck-timeout=2s) closes the stalled connection within 2 s + 3 s of the transfer's end and its tables return to empty",
+        |imp, dir, pki| {
+            let echo = Echo::start();
+            let flood = konn_testkit::dest::Destination::flood().map_err(|e| e.to_string())?;
+            let extra: &[&str] = if imp == Imp::Konn {
+                &["--stuck-timeout=2s"]
+            } else {
+                &[]
+            };
+            let server = Server::start(imp, dir, pki, 0, extra);
+            let _agent = Agent::start(imp, dir, pki, "agent", server.agent_port);
+            check(wait_until(T, || server.ready() == 1.0), || {
+                "agent not ready".into()
+            })?;
+            let stalled = server
+                .connect(flood.addr())
+                .map_err(|e| format!("CONNECT to the flooding destination: {e:?}"))?;
+            let start = Instant::now();
+            // Bounded here rather than by the flow's own read timeout.
+            let conn = server
+                .connect(echo.addr)
+                .map_err(|e| format!("a CONNECT next to the stalled connection: {e:?}"))?;
+            let flow = Flow::start(conn, 9, 128);
+            let total = (128 * CHUNK) as u64;
+            let done = wait_until(Duration::from_secs(10), || flow.received() >= total);
+            let took = start.elapsed();
+            let peak = rss_peak(server.proc.pid());
+            check(done, || {
+                format!(
+                    "the transfer next to the stalled connection got {} of {total} bytes in 10 s",
+                    flow.received()
+                )
+            })?;
+            let end = flow.join();
+            check(end.end == End::Complete && end.intact, || {
+                "the other transfer did not complete byte-exact".into()
+            })?;
+            check(peak < 256 << 20, || format!("server peak RSS {peak} bytes"))?;
+            let closed = measure(
+                Duration::from_secs(5),
+                "the stalled connection closed",
+                || server.metric(ESTABLISHED) == 0.0,
+            );
+            drop(stalled);
+            let closed = if imp == Imp::Konn {
+                closed?
+            } else {
+                closed.map_err(|e| format!("{e} (upstream has no stuck timeout)"))?
+            };
+            check(wait_until(T, || server.tables_empty()), || {
+                "tables not empty".into()
+            })?;
+            Ok(Measured {
+                detection: Some(closed),
+                bytes_lost: Some(0),
+                note: format!(
+                    "other transfer {} ms; server peak RSS {} MiB",
+                    took.as_millis(),
+                    peak >> 20
+                ),
+                ..Measured::default()
+            })
+        },
+    );
+}
