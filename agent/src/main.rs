@@ -107,8 +107,7 @@ fn drain(agent: &run::AgentHandle, timeout: Duration) {
     if let Err(err) = spawned {
         tracing::error!("cannot wait for a second signal: {err}");
     }
-    #[allow(clippy::disallowed_methods)] // main thread, not a sans-IO layer
-    let started = std::time::Instant::now();
+    let started = konn_core::io::clock::now();
     tracing::info!(timeout = ?timeout, open = agent.metrics().open_endpoints(), "draining: serving open connections until they end");
     loop {
         let elapsed = started.elapsed();
