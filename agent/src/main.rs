@@ -3,16 +3,21 @@
 //! starts the agent and handles shutdown signals as
 //! upstream does: the first SIGTERM/SIGINT drains (DRAIN to every server,
 //! no new server connections, tunnels keep serving), the second exits.
+//! With konn's `--drain-timeout` the agent also exits by itself once no
+//! destination connection is open or the timeout has passed.
 //!
 //! Signals are blocked before any thread starts and taken with `sigwait`
 //! on this thread, so no worker is ever interrupted.
 //!
-//! Exit codes: 0 for `--help` and after the second signal; 1 for bad
+//! Exit codes: 0 for `--help`, after the second signal and after a drain; 1 for bad
 //! flags, invalid options, features konn does not support, settings that
 //! cannot work (no CA, unreadable certificates) and start-up failures
 //! (a port in use, no io engine).
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use konn_agent::options::{self, AgentOptions};
 use konn_agent::run;
@@ -64,9 +69,12 @@ fn main() -> ExitCode {
         Ok(signal) => {
             tracing::info!(?signal, "received first signal; draining");
             agent.drain();
-            match wait_shutdown_signal() {
-                Ok(signal) => tracing::info!(?signal, "received second signal; shutting down"),
-                Err(err) => tracing::error!("waiting for signals failed: {err}; shutting down"),
+            match opts.drain_timeout {
+                Some(timeout) => drain(&agent, timeout),
+                None => match wait_shutdown_signal() {
+                    Ok(signal) => tracing::info!(?signal, "received second signal; shutting down"),
+                    Err(err) => tracing::error!("waiting for signals failed: {err}; shutting down"),
+                },
             }
         }
         Err(err) => tracing::error!("waiting for signals failed: {err}; shutting down"),
@@ -76,4 +84,49 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// `--drain-timeout`: the agent has sent DRAIN; keep serving until no
+/// connection is open (after a short grace for dials already on their way)
+/// or `timeout` has passed, or a second signal arrives, whichever is first.
+fn drain(agent: &run::AgentHandle, timeout: Duration) {
+    /// Dials the servers sent before they saw DRAIN still arrive meanwhile.
+    const GRACE: Duration = Duration::from_secs(1);
+    /// How often the open connections are counted.
+    const POLL: Duration = Duration::from_millis(100);
+    let second = Arc::new(AtomicBool::new(false));
+    let flag = second.clone();
+    // Ends with the process; it only waits for a signal.
+    let spawned = std::thread::Builder::new()
+        .name("second-signal".into())
+        .spawn(move || {
+            if wait_shutdown_signal().is_ok() {
+                flag.store(true, Ordering::Release);
+            }
+        });
+    if let Err(err) = spawned {
+        tracing::error!("cannot wait for a second signal: {err}");
+    }
+    let started = konn_core::io::clock::now();
+    tracing::info!(timeout = ?timeout, open = agent.metrics().open_endpoints(), "draining: serving open connections until they end");
+    loop {
+        let elapsed = started.elapsed();
+        if second.load(Ordering::Acquire) {
+            tracing::info!("received second signal; shutting down");
+            return;
+        }
+        let open = agent.metrics().open_endpoints();
+        if open <= 0.0 && elapsed >= GRACE {
+            tracing::info!(after = ?elapsed, "drained: no connection open; shutting down");
+            return;
+        }
+        if elapsed >= timeout {
+            tracing::warn!(
+                open,
+                "--drain-timeout passed with connections open; shutting down"
+            );
+            return;
+        }
+        std::thread::sleep(POLL.min(timeout - elapsed));
+    }
 }

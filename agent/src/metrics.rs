@@ -261,6 +261,14 @@ impl AgentMetrics {
         self.observe_lease_list(http_code, reason);
     }
 
+    /// `open_endpoint_connections`, all workers together.
+    pub fn open_endpoints(&self) -> f64 {
+        self.families
+            .open_endpoint_connections
+            .single()
+            .map_or(0.0, |id| self.registry.gauge_value(id))
+    }
+
     /// `konn_tls_reloads_total{listener, result}` += 1.
     pub fn tls_reload(&self, listener: &str, ok: bool) {
         let result = if ok { "ok" } else { "error" };

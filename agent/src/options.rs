@@ -133,6 +133,10 @@ pub struct AgentFlags {
     pub target: Vec<String>,
     /// `--bind-address` (konn: KEP-2025).
     pub bind_address: String,
+    /// `--drain-timeout` (konn): after the first signal, exit once no
+    /// connection is open or this long has passed. Zero: wait for a second
+    /// signal, as upstream.
+    pub drain_timeout: GoDuration,
 }
 
 impl AgentFlags {
@@ -172,6 +176,7 @@ impl AgentFlags {
             kube_api_content_type: "application/vnd.kubernetes.protobuf".to_owned(),
             target: Vec::new(),
             bind_address: String::new(),
+            drain_timeout: GoDuration::from_std(Duration::ZERO),
         }
     }
 
@@ -342,6 +347,14 @@ impl AgentFlags {
             "konn: node-local address the --target listeners bind to (added to lo with host scope \
              when missing and the agent has CAP_NET_ADMIN; removed on exit).",
         );
+        f.add_duration(
+            "drain-timeout",
+            self.drain_timeout,
+            "konn: after the first SIGTERM/SIGINT (DRAIN sent, no new connections), keep serving the \
+             open connections until they have all ended or this long has passed, then exit. Set it a \
+             little below the pod's terminationGracePeriodSeconds so a scale-down does not cut \
+             kubectl exec sessions. 0: wait for a second signal, as upstream.",
+        );
         f.set_section(previous);
     }
 
@@ -383,6 +396,7 @@ impl AgentFlags {
             kube_api_content_type: f.get_string("kube-api-content-type"),
             target: f.get_string_slice("target"),
             bind_address: f.get_string("bind-address"),
+            drain_timeout: f.get_duration("drain-timeout"),
         }
     }
 
@@ -446,6 +460,7 @@ impl AgentFlags {
         let probe_interval = positive("probe-interval", self.probe_interval)?;
         let sync_interval_cap = non_negative("sync-interval-cap", self.sync_interval_cap)?;
         let keepalive_time = non_negative("keepalive-time", self.keepalive_time)?;
+        let drain_timeout = non_negative("drain-timeout", self.drain_timeout)?;
 
         let mut warnings = Vec::new();
         if self.enable_profiling {
@@ -499,6 +514,7 @@ impl AgentFlags {
             xfr_channel_size,
             warn_on_channel_limit: self.warn_on_channel_limit,
             reverse,
+            drain_timeout: (!drain_timeout.is_zero()).then_some(drain_timeout),
             engine,
             warnings,
         })
@@ -587,6 +603,8 @@ pub struct AgentOptions {
     pub warn_on_channel_limit: bool,
     /// `--target` and `--bind-address` (KEP-2025).
     pub reverse: crate::reverse::ReverseSettings,
+    /// `--drain-timeout`: `None` waits for a second signal (upstream).
+    pub drain_timeout: Option<Duration>,
     /// konn's engine flags.
     pub engine: EngineFlags,
     /// Things accepted with a caveat; the binary logs each as a warning.

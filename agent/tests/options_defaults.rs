@@ -67,6 +67,7 @@ const UPSTREAM: &[(&str, &str, &str)] = &[
 const KONN: &[(&str, &str, &str)] = &[
     ("bind-address", "string", ""),
     ("conn-queue-size", "size", "1Mi"),
+    ("drain-timeout", "duration", "0s"),
     ("grpc-max-message-size", "size", "4Mi"),
     ("h2-conn-window", "size", "4Mi"),
     ("h2-max-concurrent-streams", "int", "1024"),

@@ -193,6 +193,23 @@ fn konn_duration_checks() {
         ),
         "{e}"
     );
+    let e = err(validate(&["--drain-timeout=-1s"]));
+    assert!(
+        matches!(
+            e,
+            Error::Flag(FlagError::NegativeDuration {
+                flag: "drain-timeout",
+                ..
+            })
+        ),
+        "{e}"
+    );
+    // konn's --drain-timeout: 0 waits for a second signal, as upstream.
+    assert_eq!(validate(&[]).unwrap().drain_timeout, None);
+    assert_eq!(
+        validate(&["--drain-timeout=50s"]).unwrap().drain_timeout,
+        Some(Duration::from_secs(50))
+    );
     // Zero keepalive means "no pings" (grpc-go), accepted.
     assert_eq!(
         validate(&["--keepalive-time=0"]).unwrap().keepalive_time,

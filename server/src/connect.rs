@@ -517,11 +517,14 @@ async fn relay(
             let _ = wire.send(resp).await;
             return;
         }
-        if cf.closed.get() {
-            return;
-        }
+        // Established before closed: a destination that answers and
+        // closes at once (DIAL_RSP, DATA, CLOSE_RSP in one read) still
+        // gets its 200 and every byte before the close.
         if let Some(e) = cf.established.get() {
             break e;
+        }
+        if cf.closed.get() {
+            return;
         }
         if wire.plain.len() >= EARLY_LIMIT {
             cf.wake.notified().await;

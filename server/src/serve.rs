@@ -109,6 +109,8 @@ pub struct ServerHandle {
     shared: Arc<Shared>,
     metrics: ServerMetrics,
     listen_stop: Stopper,
+    /// The frontend listeners of the clusters served from the start.
+    frontends: Vec<Arc<ClusterListeners>>,
     kube: Option<crate::kube::KubeServices>,
     /// With `--clusters-config`: the running clusters (until watching
     /// starts) or their watcher.
@@ -208,6 +210,14 @@ impl ServerHandle {
     pub fn shutdown(mut self, timeout: Duration) -> Result<(), Error> {
         self.shared.shutting_down.store(true, Ordering::SeqCst);
         self.listen_stop.stop();
+        // A Unix-socket frontend listener is shared by every worker (TCP
+        // listeners close with their accept loops): shut it down so new
+        // clients are refused (ECONNREFUSED) instead of waiting unaccepted
+        // in its backlog until the process exits. (Clusters added by a
+        // reload close theirs when the watcher stops them.)
+        for f in &self.frontends {
+            f.refuse_new();
+        }
         if let Some(w) = &self.workers {
             for i in 0..w.len() {
                 let _ = w.mesh().send(i, Msg::Shutdown);
@@ -337,6 +347,7 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
     let (shared2, metrics2, stop2) = (shared.clone(), metrics.clone(), listen_stop.clone());
     let mut runtime = settings.runtime.clone();
     runtime.workers = workers;
+    let frontends: Vec<_> = starts.iter().map(|s| s.listeners.clone()).collect();
     let workers = Workers::start(runtime, move |ctx| {
         worker_main(
             ctx,
@@ -361,6 +372,7 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
         shared,
         metrics,
         listen_stop,
+        frontends,
         kube,
         control,
         watcher: None,

@@ -65,6 +65,13 @@ fn hostile_frontend(uds: &std::path::Path, dest: &str) -> RawClient {
 
 #[test]
 fn memory_budget_holds_against_streams_that_never_grant_window() {
+    // The in-process agent holds a destination socket per stream.
+    let nofile = konn_testkit::procs::raise_nofile(4 * u64::from(STREAMS));
+    assert!(
+        nofile >= 2 * u64::from(STREAMS) + 200,
+        "this test needs {} descriptors; RLIMIT_NOFILE allows {nofile} (raise the hard limit)",
+        2 * STREAMS + 200
+    );
     let flood = Destination::flood().unwrap();
     let echo = Destination::echo().unwrap();
     for engine in available_engines() {

@@ -20,6 +20,8 @@
 //! - [`frontend`]: a konnectivity-client-like gRPC frontend client.
 //! - [`connect`]: an HTTP CONNECT frontend client, as kube-apiserver dials.
 //! - [`relay`]: a TCP load balancer whose connections can be cut.
+//! - [`chaos`]: a TCP relay with faults switched at run time (delay,
+//!   jitter, bandwidth cap, stall, blackhole, RST, corruption, half-close).
 //! - [`bulk`]: [`Pattern`], [`Sha256`]: reproducible bulk data and its digest.
 //! - [`h2raw`]: a blocking raw-frame HTTP/2 client (TCP or Unix socket)
 //!   for attack tests.
@@ -34,6 +36,7 @@
 pub mod agentprobe;
 pub mod alloc;
 pub mod bulk;
+pub mod chaos;
 pub mod connect;
 pub mod dest;
 pub mod dns;

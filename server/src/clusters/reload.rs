@@ -61,6 +61,17 @@ pub struct ClusterListeners {
 }
 
 impl ClusterListeners {
+    /// Refuse new connections on the Unix socket (graceful shutdown):
+    /// shutdown(2) makes connect(2) fail at once instead of queueing in the
+    /// backlog of a listener nobody accepts on any more.
+    pub fn refuse_new(&self) {
+        if let Some(l) = &self.unix
+            && let Err(err) = socket2::SockRef::from(l).shutdown(std::net::Shutdown::Both)
+        {
+            tracing::warn!("cannot shut the frontend socket down: {err}");
+        }
+    }
+
     /// Bind `listen` for `workers` workers (TCP: one `SO_REUSEPORT` socket
     /// each; a Unix socket is shared).
     ///
