@@ -1,0 +1,427 @@
+//! One connection of a running proxy-server, from accept to its handler:
+//! an agent's (SNI admission, TLS, the Connect stream), a frontend's (gRPC
+//! or HTTP CONNECT, over a Unix socket or TCP+mTLS), and one that migrated
+//! here from another core.
+
+use super::*;
+
+/// Remember a connection of `cluster` for a graceful shutdown and for the
+/// cluster's removal; [`Cluster::untrack`] it when it ends.
+fn register<H: Handler<Grpc> + 'static>(
+    worker: &Worker,
+    cluster: &Cluster,
+    handle: &ConnHandle<Grpc, H>,
+) -> u64 {
+    let id = worker.next_id();
+    let weak = handle.downgrade();
+    cluster.track(
+        worker,
+        id,
+        Box::new(move |how| {
+            if let Some(h) = weak.upgrade() {
+                match how {
+                    Stop::Graceful => h.shutdown(),
+                    Stop::Now => h.abort(),
+                }
+            }
+        }),
+    );
+    id
+}
+
+/// Why an agent connection was refused before TLS (the `reason` label of
+/// `konn_server_agent_sni_refusals_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SniRefusal {
+    NoServerName,
+    UnknownServerName,
+    NotTls,
+    Timeout,
+}
+
+impl SniRefusal {
+    const fn label(self) -> &'static str {
+        match self {
+            Self::NoServerName => "no_server_name",
+            Self::UnknownServerName => "unknown_server_name",
+            Self::NotTls => "not_tls",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+/// With `--clusters-config`: read the ClientHello (within the TLS
+/// handshake deadline), and pick the cluster its server name selects.
+/// Returns the cluster and the bytes read, for the TLS layer to start
+/// from.
+async fn admit_by_sni(
+    worker: &Worker,
+    sock: &mut TcpStream,
+) -> Result<(Rc<Cluster>, BytesMut), SniRefusal> {
+    let peek = async {
+        let mut hello = konn_core::io::tls::ClientHelloPeek::new();
+        let mut seen = BytesMut::new();
+        loop {
+            let buf = Vec::with_capacity(4096);
+            let (r, buf) = sock.read(buf).await;
+            match r {
+                Ok(n) if n > 0 => {}
+                _ => return Err(SniRefusal::NotTls),
+            }
+            seen.extend_from_slice(&buf);
+            match hello.feed(&buf) {
+                Ok(Some(h)) => return Ok((h.server_name, seen)),
+                Ok(None) => {}
+                Err(_) => return Err(SniRefusal::NotTls),
+            }
+        }
+    };
+    let deadline = konn_core::io::tls::DEFAULT_HANDSHAKE_TIMEOUT;
+    let (name, seen) = match race(
+        monoio::time::timeout(deadline, peek),
+        worker.stopping.wait(),
+    )
+    .await
+    {
+        Either::Left(Ok(r)) => r?,
+        Either::Left(Err(_)) | Either::Right(()) => return Err(SniRefusal::Timeout),
+    };
+    let name = name.ok_or(SniRefusal::NoServerName)?;
+    let cluster = worker.by_sni.borrow().get(&name).cloned();
+    match cluster {
+        Some(c) => Ok((c, seen)),
+        None => {
+            tracing::debug!(server_name = %name, "agent for no configured cluster");
+            Err(SniRefusal::UnknownServerName)
+        }
+    }
+}
+
+pub(super) async fn serve_agent(worker: Rc<Worker>, mut sock: TcpStream) {
+    let (cluster, input) = if worker.settings.multi_cluster() {
+        match admit_by_sni(&worker, &mut sock).await {
+            Ok(admitted) => admitted,
+            Err(why) => {
+                tracing::debug!(reason = why.label(), "agent connection refused before TLS");
+                worker.all_metrics.sni_refusal(why.label());
+                return;
+            }
+        }
+    } else {
+        match worker.first_cluster() {
+            Some(c) => (c, BytesMut::new()),
+            None => return,
+        }
+    };
+    let s = &worker.settings;
+    let tls = match cluster
+        .settings
+        .agents
+        .tls
+        .as_ref()
+        .map(|t| t.layer())
+        .transpose()
+    {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "agent TLS setup failed");
+            return;
+        }
+    };
+    let grpc = Grpc::new(
+        Connection::new(s.agent_h2(), konn_core::io::clock::now()),
+        s.max_message,
+    );
+    let outbox = Rc::new(Outbox::new());
+    let handler = AgentConn::new(worker.clone(), cluster.clone(), outbox.clone());
+    let handle = if input.is_empty() {
+        ConnHandle::new(grpc, tls, handler, s.driver)
+    } else {
+        ConnHandle::resume(grpc, tls, (input, BytesMut::new()), handler, s.driver)
+    };
+    install_poke(&outbox, &handle);
+    let id = register(&worker, &cluster, &handle);
+    if let Err(e) = handle.run(sock).await {
+        tracing::debug!(error = %e, "agent connection ended");
+    }
+    cluster.untrack(&worker, id);
+}
+
+/// The outbox of a connection flushes itself by poking its driver.
+fn install_poke<H: Handler<Grpc> + 'static>(outbox: &Outbox, handle: &ConnHandle<Grpc, H>) {
+    let weak = handle.downgrade();
+    outbox.set_poke(Box::new(move || {
+        if let Some(h) = weak.upgrade() {
+            let _ = h.with(|_, _| ());
+        }
+    }));
+}
+
+/// A frontend socket of either kind.
+pub(super) enum FrontSock {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+pub(super) async fn serve_frontend(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    sock: FrontSock,
+    migrate: Rc<dyn Fn(usize, Migrant)>,
+) {
+    let s = worker.settings.clone();
+    let fe = &cluster.settings.frontend;
+    let tls = match (&sock, fe.tls.as_ref()) {
+        (FrontSock::Tcp(_), Some(t)) => match t.layer() {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e, "frontend TLS setup failed");
+                return;
+            }
+        },
+        _ => None,
+    };
+    match fe.mode {
+        Mode::Grpc => {
+            let grpc = Grpc::new(
+                Connection::new(s.frontend_h2(), konn_core::io::clock::now()),
+                s.max_message,
+            );
+            let c = cluster;
+            match sock {
+                FrontSock::Tcp(t) => {
+                    run_grpc_frontend(worker, c, t, grpc, tls, None, migrate).await
+                }
+                FrontSock::Unix(u) => {
+                    run_grpc_frontend(worker, c, u, grpc, tls, None, migrate).await
+                }
+            }
+        }
+        Mode::HttpConnect => {
+            let wire = Wire::new(
+                match sock {
+                    FrontSock::Tcp(t) => Sock::Tcp(t),
+                    FrontSock::Unix(u) => Sock::Unix(u),
+                },
+                tls,
+                BytesMut::new(),
+            );
+            // Boxed: the CONNECT state is larger than the gRPC one and
+            // would otherwise size every gRPC frontend's task.
+            Box::pin(connect_frontend(worker, cluster, wire, migrate)).await;
+        }
+    }
+}
+
+/// Sockets a frontend can move with.
+trait Movable: Split + AsyncReadRent + AsyncWriteRent + ReadReady + Sized + 'static {
+    /// Detach for a move; on failure the socket comes back, to be served
+    /// where it is.
+    fn detach(self) -> Result<MovingFd, (Self, Error)>;
+}
+
+impl Movable for TcpStream {
+    fn detach(self) -> Result<MovingFd, (Self, Error)> {
+        detach_tcp(self).map(MovingFd::Tcp)
+    }
+}
+
+impl Movable for UnixStream {
+    fn detach(self) -> Result<MovingFd, (Self, Error)> {
+        detach_unix(self).map(MovingFd::Unix)
+    }
+}
+
+/// Run a gRPC frontend connection; move it when its first dial says so.
+/// `resumed` carries the state of a connection that moved here.
+///
+/// The set-up is synchronous and only the driver loop is async, so the
+/// task's state does not keep room for `grpc` and `tls` after they moved
+/// into the driver (an `async fn` keeps its arguments' slots alive: 2.4 KiB
+/// per idle connection).
+fn run_grpc_frontend<IO: Movable>(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    io: IO,
+    grpc: Grpc,
+    tls: Option<TlsLayer>,
+    resumed: Option<((BytesMut, BytesMut), Plan)>,
+    migrate: Rc<dyn Fn(usize, Migrant)>,
+) -> impl Future<Output = ()> {
+    let s = worker.settings.clone();
+    let outbox = Rc::new(Outbox::new());
+    let plan = Rc::new(RefCell::new(None));
+    let mut handler = FrontendConn::new(
+        worker.clone(),
+        cluster.clone(),
+        outbox.clone(),
+        plan.clone(),
+    );
+    let (handle, replay) = match resumed {
+        Some((input, moved)) => {
+            handler.adopt(&moved.streams);
+            // A connection moves at most once.
+            handler.no_more_moves();
+            (
+                ConnHandle::resume(grpc, tls, input, handler, s.driver),
+                moved.stashed,
+            )
+        }
+        None => (ConnHandle::new(grpc, tls, handler, s.driver), Vec::new()),
+    };
+    // The driver's own detach flag is the one the handler sets.
+    let flag = handle.detach_flag();
+    let _ = handle.with(|_, h| h.set_detach_flag(flag));
+    install_poke(&outbox, &handle);
+    let id = register(&worker, &cluster, &handle);
+    if !replay.is_empty() {
+        let _ = handle.with(|g, h| {
+            for ev in replay {
+                h.on_event(g, ev);
+            }
+        });
+    }
+    async move {
+        let outcome = handle.run_detachable(io).await;
+        cluster.untrack(&worker, id);
+        match outcome {
+            Ok(Some(detached)) => {
+                let Some(plan) = plan.borrow_mut().take() else {
+                    return;
+                };
+                let target = plan.target;
+                match detached.io.detach() {
+                    Ok(fd) => migrate(
+                        target,
+                        Migrant {
+                            cluster: cluster.id,
+                            fd,
+                            kind: MigrantKind::Grpc {
+                                session: Box::new(detached.session),
+                                tls: detached.tls,
+                                input: detached.input,
+                                plan,
+                            },
+                        },
+                    ),
+                    Err((io, e)) => {
+                        // Served here after all; its flows are relayed.
+                        tracing::debug!(error = %e, "frontend connection cannot move; serving it here");
+                        let here = run_grpc_frontend(
+                            worker.clone(),
+                            cluster.clone(),
+                            io,
+                            detached.session,
+                            detached.tls,
+                            Some((detached.input, plan)),
+                            migrate,
+                        );
+                        Box::pin(here).await;
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "frontend connection ended"),
+        }
+    }
+}
+
+async fn connect_frontend(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    mut wire: Wire,
+    migrate: Rc<dyn Fn(usize, Migrant)>,
+) {
+    if worker.stopped.get() {
+        return;
+    }
+    let head = race(
+        read_head(&mut wire, worker.settings.connect_header_timeout),
+        worker.stopping.wait(),
+    )
+    .await;
+    let target = match head {
+        Either::Left(Head::Connect(t)) => t,
+        Either::Left(Head::Done) | Either::Right(()) => return,
+    };
+    let core = {
+        let router = cluster.router.borrow();
+        router
+            .directory()
+            .pick(&target, worker.random(), worker.index)
+            .map(|e| e.core)
+    };
+    match core {
+        Some(to) if to != worker.index => {
+            let (sock, tls, plain) = wire.into_parts();
+            let fd = match sock {
+                Sock::Tcp(t) => t.detach().map_err(|(t, e)| (Sock::Tcp(t), e)),
+                Sock::Unix(u) => u.detach().map_err(|(u, e)| (Sock::Unix(u), e)),
+            };
+            match fd {
+                Ok(fd) => migrate(
+                    to,
+                    Migrant {
+                        cluster: cluster.id,
+                        fd,
+                        kind: MigrantKind::Connect { tls, plain, target },
+                    },
+                ),
+                Err((sock, e)) => {
+                    // Served here after all; its flow is relayed.
+                    tracing::debug!(error = %e, "CONNECT connection cannot move; serving it here");
+                    serve_connect(worker, cluster, Wire::new(sock, tls, plain), target).await;
+                }
+            }
+        }
+        _ => serve_connect(worker, cluster, wire, target).await,
+    }
+}
+
+/// Continue a frontend that moved to this worker.
+pub(super) async fn adopt(worker: Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, Migrant)>) {
+    // Its cluster was removed meanwhile: the connection closes (dropped).
+    let Some(cluster) = worker.clusters.borrow().get(&m.cluster).cloned() else {
+        return;
+    };
+    match (m.fd, m.kind) {
+        (
+            fd,
+            MigrantKind::Grpc {
+                session,
+                tls,
+                input,
+                plan,
+            },
+        ) => match fd {
+            MovingFd::Tcp(f) => match f.attach() {
+                Ok(sock) => {
+                    let resumed = Some((input, plan));
+                    run_grpc_frontend(worker, cluster, sock, *session, tls, resumed, migrate).await
+                }
+                Err(e) => tracing::warn!(error = %e, "could not adopt a frontend"),
+            },
+            MovingFd::Unix(f) => match f.attach() {
+                Ok(sock) => {
+                    let resumed = Some((input, plan));
+                    run_grpc_frontend(worker, cluster, sock, *session, tls, resumed, migrate).await
+                }
+                Err(e) => tracing::warn!(error = %e, "could not adopt a frontend"),
+            },
+        },
+        (fd, MigrantKind::Connect { tls, plain, target }) => {
+            let sock = match fd {
+                MovingFd::Tcp(f) => f.attach().map(Sock::Tcp),
+                MovingFd::Unix(f) => f.attach().map(Sock::Unix),
+            };
+            match sock {
+                Ok(sock) => {
+                    // Boxed for the reason given in `serve_frontend`.
+                    let wire = Wire::new(sock, tls, plain);
+                    Box::pin(serve_connect(worker, cluster, wire, target)).await
+                }
+                Err(e) => tracing::warn!(error = %e, "could not adopt a CONNECT connection"),
+            }
+        }
+    }
+}
