@@ -21,26 +21,35 @@ pub enum ShutdownSignal {
     Int,
 }
 
+/// A signal set holding `signals`.
 #[allow(unsafe_code)]
-fn shutdown_set() -> libc::sigset_t {
+fn signal_set(signals: &[libc::c_int]) -> libc::sigset_t {
     // SAFETY: sigemptyset initialises the set we own; sigaddset only writes
     // into it; both are given valid pointers to a local.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
         set
     }
 }
 
-/// Block SIGTERM and SIGINT in this thread (and threads it starts later).
+fn shutdown_set() -> libc::sigset_t {
+    signal_set(&[libc::SIGTERM, libc::SIGINT])
+}
+
+fn hangup_set() -> libc::sigset_t {
+    signal_set(&[libc::SIGHUP])
+}
+
+/// Block `set` in this thread (and threads it starts later).
 #[allow(unsafe_code)]
-pub fn block_shutdown_signals() -> io::Result<()> {
-    let set = shutdown_set();
+fn block(set: &libc::sigset_t) -> io::Result<()> {
     // SAFETY: `set` is a valid, initialised signal set; a null old-set
     // pointer is allowed.
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, set, std::ptr::null_mut()) };
     if rc == 0 {
         Ok(())
     } else {
@@ -48,71 +57,46 @@ pub fn block_shutdown_signals() -> io::Result<()> {
     }
 }
 
-/// Wait for SIGTERM or SIGINT (they must be blocked, see the module docs).
+/// Wait for one signal of `set` (blocked), retrying on EINTR.
 #[allow(unsafe_code)]
-pub fn wait_shutdown_signal() -> io::Result<ShutdownSignal> {
-    let set = shutdown_set();
+fn wait(set: &libc::sigset_t) -> io::Result<libc::c_int> {
     let mut sig: libc::c_int = 0;
     loop {
         // SAFETY: `set` is a valid signal set and `sig` a valid out pointer.
-        let rc = unsafe { libc::sigwait(&set, &mut sig) };
-        if rc == libc::EINTR {
-            continue;
+        let rc = unsafe { libc::sigwait(set, &mut sig) };
+        match rc {
+            0 => return Ok(sig),
+            libc::EINTR => continue,
+            _ => return Err(io::Error::from_raw_os_error(rc)),
         }
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        return Ok(if sig == libc::SIGINT {
-            ShutdownSignal::Int
-        } else {
-            ShutdownSignal::Term
-        });
     }
 }
 
-#[allow(unsafe_code)]
-fn hangup_set() -> libc::sigset_t {
-    // SAFETY: as in `shutdown_set`.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        set
-    }
+/// Block SIGTERM and SIGINT in this thread (and threads it starts later).
+pub fn block_shutdown_signals() -> io::Result<()> {
+    block(&shutdown_set())
+}
+
+/// Wait for SIGTERM or SIGINT (they must be blocked, see the module docs).
+pub fn wait_shutdown_signal() -> io::Result<ShutdownSignal> {
+    Ok(if wait(&shutdown_set())? == libc::SIGINT {
+        ShutdownSignal::Int
+    } else {
+        ShutdownSignal::Term
+    })
 }
 
 /// Block SIGHUP in this thread (and threads it starts later), for a binary
 /// that reloads its configuration on it (the server with
 /// `--clusters-config`); call it before any other thread exists. Without
 /// this, SIGHUP keeps its default action (the process ends), as upstream.
-#[allow(unsafe_code)]
 pub fn block_reload_signal() -> io::Result<()> {
-    let set = hangup_set();
-    // SAFETY: as in `block_shutdown_signals`.
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(rc))
-    }
+    block(&hangup_set())
 }
 
 /// Wait for SIGHUP (blocked with [`block_reload_signal`]).
-#[allow(unsafe_code)]
 pub fn wait_reload_signal() -> io::Result<()> {
-    let set = hangup_set();
-    let mut sig: libc::c_int = 0;
-    loop {
-        // SAFETY: `set` is a valid signal set and `sig` a valid out pointer.
-        let rc = unsafe { libc::sigwait(&set, &mut sig) };
-        if rc == libc::EINTR {
-            continue;
-        }
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        return Ok(());
-    }
+    wait(&hangup_set()).map(|_| ())
 }
 
 #[cfg(test)]
