@@ -40,7 +40,7 @@
 //!   `--impl NAME=DIR` runs the scenario for the binaries in DIR (both named
 //!   `proxy-server` and `proxy-agent`); the default is konn's binaries next
 //!   to this executable.
-//! - `reverse` (S9): KEP-2025's node-to-control-plane direction against the
+//! - `reverse` (S11): KEP-2025's node-to-control-plane direction against the
 //!   direct baseline and the forward direction on one konn topology
 //!   (`konn_bench::harness::reverse`); prints a markdown table. `--quick`
 //!   shortens the windows and runs one repetition.

@@ -3,7 +3,7 @@
 //! gRPC tunnel (one HTTP/2 connection per dial over the server's Unix
 //! socket, as kube-apiserver's `CreateSingleUseGrpcTunnelWithContext`),
 //! through HTTP CONNECT over the Unix socket, or the other way round
-//! through a konn agent's KEP-2025 `--target` listeners (S9). Payloads are
+//! through a konn agent's KEP-2025 `--target` listeners (S11). Payloads are
 //! counted, not kept.
 
 use std::collections::HashMap;

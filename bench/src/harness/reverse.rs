@@ -1,4 +1,4 @@
-//! S9: the reverse direction (KEP-2025, `docs/NODE-TO-CONTROL-PLANE.md`)
+//! S11: the reverse direction (KEP-2025, `docs/NODE-TO-CONTROL-PLANE.md`)
 //! against the direct baseline and the forward direction, on one konn
 //! topology: the agent has a `--target` listener for every destination
 //! (echo addresses, bulk source) and the server allows each of them, so the
@@ -30,7 +30,7 @@ use super::{Binaries, Mode, Topology};
 /// The routes, in report order.
 pub const ROUTES: [&str; 3] = ["direct", "forward", "reverse"];
 
-/// One workload of S9.
+/// One workload of S11.
 #[derive(Clone, Copy)]
 enum Work {
     /// Downloads from the bulk source, this many at once.
@@ -91,7 +91,7 @@ pub struct Row {
     pub samples: Vec<Vec<Sample>>,
 }
 
-/// The results of S9.
+/// The results of S11.
 pub struct Results {
     /// One row per case.
     pub rows: Vec<Row>,
@@ -120,7 +120,7 @@ fn reverse_flags(
     (server, agent, map)
 }
 
-/// Run S9 with `bins` (konn's) in `dir`, `reps` times each, interleaving
+/// Run S11 with `bins` (konn's) in `dir`, `reps` times each, interleaving
 /// the routes per repetition. `window` is each workload's window; the
 /// server and agent run on `cpus`.
 pub async fn run(
@@ -164,7 +164,7 @@ pub async fn run(
         for rep in 0..reps {
             for (i, t) in targets.iter().enumerate() {
                 let s = run_work(t, case.work, window).await?;
-                eprintln!("  S9 {:<40} {:<8} rep {rep}: {s:?}", case.name, ROUTES[i]);
+                eprintln!("  S11 {:<40} {:<8} rep {rep}: {s:?}", case.name, ROUTES[i]);
                 per_route[i].push(s);
             }
         }
@@ -175,7 +175,7 @@ pub async fn run(
         });
     }
     if !topo.stop(std::time::Duration::from_secs(5)) {
-        eprintln!("  S9: a process did not stop on SIGTERM (killed)");
+        eprintln!("  S11: a process did not stop on SIGTERM (killed)");
     }
     Ok(Results { rows })
 }
@@ -194,7 +194,7 @@ impl Results {
     /// (medians over the repetitions), and reverse ÷ forward.
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| S9 case | value | direct | forward | reverse | reverse ÷ forward |\n|---|---|---|---|---|---|\n",
+            "| S11 case | value | direct | forward | reverse | reverse ÷ forward |\n|---|---|---|---|---|---|\n",
         );
         for Row {
             case,
