@@ -213,10 +213,17 @@ func knownFlags(t *testing.T) map[string]map[string]bool {
 
 var flagCounts = map[string]int{}
 
+// konnOnly are konn's own flags the manifests may pass: an operator who
+// runs upstream's image drops them (docs/FLAGS.md, konn sections); every
+// other flag must be one upstream knows too.
+var konnOnly = map[string]bool{"drain-timeout": true, "clusters-config": true}
+
+var konnOnlyUsed = map[string][]string{}
+
 // checkFlags finds every container of the manifest that runs
 // /proxy-server or /proxy-agent and checks that each --flag in its args is
-// one both konn's and upstream's binary know (a manifest must work with
-// either image).
+// one konn's binary knows and, unless it is one of konn's own (konnOnly),
+// upstream's too (a manifest must work with either image).
 func checkFlags(path string, known map[string]map[string]bool) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -238,10 +245,14 @@ func checkFlags(path string, known map[string]map[string]bool) error {
 						args, _ := x["args"].([]any)
 						for _, a := range args {
 							name, _, _ := strings.Cut(strings.TrimPrefix(fmt.Sprint(a), "--"), "=")
-							for _, impl := range []string{cluster.Konn, cluster.Upstream} {
-								if !known[impl+" "+bin[1:]][name] {
-									return fmt.Errorf("%s: %s does not know --%s", bin, impl, name)
+							if !known[cluster.Konn+" "+bin[1:]][name] {
+								return fmt.Errorf("%s: %s does not know --%s", bin, cluster.Konn, name)
+							}
+							if !known[cluster.Upstream+" "+bin[1:]][name] {
+								if !konnOnly[name] {
+									return fmt.Errorf("%s: %s does not know --%s", bin, cluster.Upstream, name)
 								}
+								konnOnlyUsed[path] = append(konnOnlyUsed[path], "--"+name)
 							}
 							n++
 						}
@@ -271,6 +282,9 @@ func checkFlags(path string, known map[string]map[string]bool) error {
 
 func flagNote(path string) string {
 	if n := flagCounts[path]; n > 0 {
+		if only := konnOnlyUsed[path]; len(only) > 0 {
+			return fmt.Sprintf("; its %d proxy-server/proxy-agent flags are known to konn's binaries, all but konn's own %s to upstream's too", n, strings.Join(only, ", "))
+		}
 		return fmt.Sprintf("; its %d proxy-server/proxy-agent flags are all known to konn's and upstream's binaries", n)
 	}
 	return ""
