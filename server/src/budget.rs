@@ -50,6 +50,9 @@ struct CoreBudget {
     queued: usize,
     /// The budget is biting (logged once per episode).
     biting: bool,
+    /// `--memory-budget` in bytes, read from the pool once (it never
+    /// changes).
+    limit: Option<usize>,
 }
 
 thread_local! {
@@ -69,9 +72,14 @@ pub struct Shed {
 }
 
 /// A frontend connection's queued total changed from `old` to `new`
-/// bytes. `streams` is the number of frontend streams on this core.
-/// Returns what to shed when the budget bites.
-pub fn account(pool: &BufPool, old: usize, new: usize, streams: usize) -> Option<Shed> {
+/// bytes. `streams` counts the frontend streams on this core; it is asked
+/// only when the budget bites. Returns what to shed then.
+pub fn account(
+    pool: &BufPool,
+    old: usize,
+    new: usize,
+    streams: impl FnOnce() -> usize,
+) -> Option<Shed> {
     if old == new {
         return None;
     }
@@ -79,7 +87,9 @@ pub fn account(pool: &BufPool, old: usize, new: usize, streams: usize) -> Option
         let mut core = c.borrow_mut();
         core.queued = (core.queued + new).saturating_sub(old);
         let queued = core.queued;
-        let limit = pool.budget().stats().limit_bytes;
+        let limit = *core
+            .limit
+            .get_or_insert_with(|| pool.budget().stats().limit_bytes);
         let mark = if pool.under_pressure() {
             limit / 4
         } else {
@@ -108,7 +118,7 @@ pub fn account(pool: &BufPool, old: usize, new: usize, streams: usize) -> Option
         let target = (limit / 8 * 3).min(queued / 4 * 3);
         Some(Shed {
             short: queued.saturating_sub(target).max(MIN_VICTIM),
-            min_level: (queued / streams.max(1)).max(MIN_VICTIM),
+            min_level: (queued / streams().max(1)).max(MIN_VICTIM),
         })
     })
 }

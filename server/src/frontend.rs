@@ -157,10 +157,12 @@ impl FrontendConn {
     /// when it bites, reset this connection's largest streams and let the
     /// other connections of the core do the same (`crate::budget`).
     fn account(&mut self, grpc: &mut Grpc, total: usize) {
-        // The budget is the core's: count the streams of every cluster.
-        let streams = self.worker.frontend_count();
         let old = std::mem::replace(&mut self.queued, total);
-        let Some(shed) = crate::budget::account(&self.worker.pool, old, total, streams) else {
+        // The budget is the core's: count the streams of every cluster.
+        let worker = &self.worker;
+        let Some(shed) =
+            crate::budget::account(&worker.pool, old, total, || worker.frontend_count())
+        else {
             return;
         };
         // Stalest first (drained nothing for the longest), then largest.
@@ -189,7 +191,7 @@ impl FrontendConn {
             self.worker.all_metrics.budget_resets("frontend", resets);
             self.flush(grpc);
             let old = std::mem::replace(&mut self.queued, total.saturating_sub(freed));
-            let _ = crate::budget::account(&self.worker.pool, old, self.queued, streams);
+            let _ = crate::budget::account(&self.worker.pool, old, self.queued, || 1);
         }
         if freed < shed.short {
             crate::budget::poke_others(&self.worker, &self.outbox);
@@ -376,7 +378,7 @@ impl Handler<Grpc> for FrontendConn {
 impl Drop for FrontendConn {
     /// Closed or moved to another core: its queues no longer count here.
     fn drop(&mut self) {
-        let _ = crate::budget::account(&self.worker.pool, self.queued, 0, 1);
+        let _ = crate::budget::account(&self.worker.pool, self.queued, 0, || 1);
     }
 }
 
