@@ -408,7 +408,7 @@ impl ServerSettings {
             tunnel_high_water: e.conn_queue_size.max(64 * 1024),
             tunnel_low_water: e.conn_queue_size.max(64 * 1024) / 4,
             flow_control: true,
-            connect_header_timeout: Duration::from_secs(60),
+            connect_header_timeout: o.connect_header_timeout.unwrap_or(NEVER),
             max_message: e.grpc_max_message_size,
             windows: (e.h2_stream_window, e.h2_conn_window),
             driver,

@@ -34,6 +34,8 @@ use konn_testkit::procs::{Proc, binary, http_get, upstream_binary, wait_http_ok}
 use konn_testkit::wait::wait_until;
 use konn_testkit::{Pattern, Sha256};
 
+mod fault_attacks;
+
 /// Bound on start-up and on waits that are not themselves measured.
 const T: Duration = Duration::from_secs(20);
 

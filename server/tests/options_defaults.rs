@@ -85,6 +85,7 @@ const KONN: &[(&str, &str, &str)] = &[
     ("allowed-destination", "stringSlice", "[]"),
     ("clusters-config", "string", ""),
     ("conn-queue-size", "size", "1Mi"),
+    ("connect-header-timeout", "duration", "1m0s"),
     ("grpc-max-message-size", "size", "4Mi"),
     ("h2-conn-window", "size", "4Mi"),
     ("h2-max-concurrent-streams", "int", "1024"),

@@ -551,6 +551,7 @@ fn durations() {
         "backend-dial-timeout",
         "keepalive-time",
         "frontend-keepalive-time",
+        "connect-header-timeout",
     ] {
         let arg = format!("--{flag}=-1s");
         let e = err(tcp(&ca, &[&arg]));
@@ -578,6 +579,21 @@ fn backend_dial_timeout_is_always_bounded() {
     assert_eq!(o.backend_dial_timeout, DEFAULT_BACKEND_DIAL_TIMEOUT);
     let o = tcp(&ca, &["--backend-dial-timeout=1ns"]).unwrap();
     assert_eq!(o.backend_dial_timeout, Duration::from_nanos(1));
+}
+
+#[test]
+fn connect_header_timeout_zero_disables_it() {
+    let ca = TempFile::new("ca");
+    assert_eq!(
+        tcp(&ca, &[]).unwrap().connect_header_timeout,
+        Some(Duration::from_secs(60))
+    );
+    assert_eq!(
+        tcp(&ca, &["--connect-header-timeout=0"])
+            .unwrap()
+            .connect_header_timeout,
+        None
+    );
 }
 
 #[test]

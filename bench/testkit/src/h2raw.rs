@@ -173,7 +173,15 @@ impl RawClient {
     /// # Panics
     /// If the connection fails.
     pub fn connect_unix(path: &Path) -> Self {
-        Self::reading(RawSock::Unix(UnixStream::connect(path).expect("connect")))
+        Self::try_connect_unix(path).expect("connect")
+    }
+
+    /// [`connect_unix`](Self::connect_unix), reporting failure instead.
+    ///
+    /// # Errors
+    /// The connect failed.
+    pub fn try_connect_unix(path: &Path) -> io::Result<Self> {
+        Ok(Self::reading(RawSock::Unix(UnixStream::connect(path)?)))
     }
 
     /// Connect to a Unix socket and never read.
@@ -271,19 +279,34 @@ impl RawClient {
     /// # Panics
     /// If the server does not send SETTINGS within 5 s.
     pub fn handshake(&mut self, settings: &[(SettingId, u32)]) {
+        if let Err(e) = self.try_handshake(settings) {
+            panic!("{e}");
+        }
+    }
+
+    /// [`handshake`](Self::handshake), reporting failure instead.
+    ///
+    /// # Errors
+    /// The write failed, or the server's first frame was not SETTINGS or did
+    /// not come within 5 s.
+    pub fn try_handshake(&mut self, settings: &[(SettingId, u32)]) -> Result<(), String> {
         let mut b = BytesMut::new();
         b.extend_from_slice(wire::PREFACE);
         wire::encode_settings(settings, &mut b);
-        self.write(&b).expect("write preface");
+        self.write(&b).map_err(|e| format!("write preface: {e}"))?;
         if self.frames.is_some() {
             let f = self
-                .next_frame(Duration::from_secs(5))
-                .expect("server SETTINGS");
-            assert_eq!(f.ty(), FrameType::SETTINGS, "first server frame");
+                .recv(Duration::from_secs(5))
+                .map_err(|e| format!("server SETTINGS: {e:?}"))?;
+            if f.ty() != FrameType::SETTINGS {
+                return Err(format!("first server frame: {:?}", f.ty()));
+            }
             let mut ack = BytesMut::new();
             wire::encode_settings_ack(&mut ack);
-            self.write(&ack).expect("write SETTINGS ACK");
+            self.write(&ack)
+                .map_err(|e| format!("write SETTINGS ACK: {e}"))?;
         }
+        Ok(())
     }
 
     /// HPACK-encode a request head (`:method`, `:scheme` http, `:authority`,
@@ -310,6 +333,19 @@ impl RawClient {
     /// timeout or once the connection is closed.
     pub fn next_frame(&mut self, timeout: Duration) -> Option<RawFrame> {
         self.frames.as_ref()?.recv_timeout(timeout).ok()
+    }
+
+    /// The next frame from the server, waiting up to `timeout`:
+    /// [`RecvTimeoutError::Disconnected`] once the connection is closed
+    /// (and every frame before that was taken), `Timeout` if nothing came.
+    ///
+    /// # Errors
+    /// As above; a silent client is always `Disconnected`.
+    pub fn recv(&mut self, timeout: Duration) -> Result<RawFrame, RecvTimeoutError> {
+        match &self.frames {
+            Some(rx) => rx.recv_timeout(timeout),
+            None => Err(RecvTimeoutError::Disconnected),
+        }
     }
 
     /// A frame that already arrived, without waiting.

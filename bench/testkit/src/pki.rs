@@ -116,6 +116,14 @@ pub fn generate_for(spec: Spec<'_>) -> Result<Pem, Error> {
 }
 
 fn generate_with(ca_name: &str, spec: Spec<'_>) -> Result<Pem, Error> {
+    Ok(generate_issuer(ca_name, spec)?.0)
+}
+
+/// A PKI and its CA as an issuer of more certificates.
+fn generate_issuer(
+    ca_name: &str,
+    spec: Spec<'_>,
+) -> Result<(Pem, Issuer<'static, KeyPair>), Error> {
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name.push(DnType::CommonName, ca_name);
@@ -126,7 +134,7 @@ fn generate_with(ca_name: &str, spec: Spec<'_>) -> Result<Pem, Error> {
     let (server_cert, server_key) = leaf(&issuer, "konnectivity-server", true, spec)?;
     let (agent_cert, agent_key) = leaf(&issuer, "konnectivity-agent", false, spec)?;
     let (frontend_cert, frontend_key) = leaf(&issuer, "kube-apiserver", false, spec)?;
-    Ok(Pem {
+    let pem = Pem {
         ca_cert,
         server_cert,
         server_key,
@@ -134,7 +142,43 @@ fn generate_with(ca_name: &str, spec: Spec<'_>) -> Result<Pem, Error> {
         agent_key,
         frontend_cert,
         frontend_key,
-    })
+    };
+    Ok((pem, issuer))
+}
+
+/// Client certificates (PEM certificate and key) that the CA of the PKI
+/// they come with signed, but that a server must refuse.
+#[derive(Clone, Debug)]
+pub struct Rejects {
+    /// Valid from 2019-01-01 to 2020-01-01.
+    pub expired: (String, String),
+    /// Extended key usage serverAuth only: not a client certificate.
+    pub server_auth_only: (String, String),
+}
+
+/// [`generate`] plus [`Rejects`] signed by the same CA.
+pub fn generate_with_rejects() -> Result<(Pem, Rejects), Error> {
+    let (pem, issuer) = generate_issuer(DEFAULT_CA_NAME, Spec::default())?;
+    let client = |eku: ExtendedKeyUsagePurpose, expired: bool| -> Result<(String, String), Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "konnectivity-agent");
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![eku];
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2019, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 1, 1);
+        }
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    };
+    let rejects = Rejects {
+        expired: client(ExtendedKeyUsagePurpose::ClientAuth, true)?,
+        server_auth_only: client(ExtendedKeyUsagePurpose::ServerAuth, false)?,
+    };
+    Ok((pem, rejects))
 }
 
 /// Generate a fresh PKI and write it into `dir` (created if missing).

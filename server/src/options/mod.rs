@@ -184,6 +184,8 @@ pub struct ServerFlags {
     pub reverse_dial_timeout: GoDuration,
     /// `--clusters-config` (konn: one server for many clusters).
     pub clusters_config: String,
+    /// `--connect-header-timeout` (konn: HTTP CONNECT head deadline).
+    pub connect_header_timeout: GoDuration,
 }
 
 impl ServerFlags {
@@ -237,6 +239,7 @@ impl ServerFlags {
             reverse_dial_rate: 100,
             reverse_dial_timeout: GoDuration::from_secs(10),
             clusters_config: String::new(),
+            connect_header_timeout: GoDuration::from_secs(60),
         }
     }
 
@@ -288,6 +291,7 @@ impl ServerFlags {
             reverse_dial_rate: f.get_int("reverse-dial-rate"),
             reverse_dial_timeout: f.get_duration("reverse-dial-timeout"),
             clusters_config: f.get_string("clusters-config"),
+            connect_header_timeout: f.get_duration("connect-header-timeout"),
         }
     }
 
@@ -499,6 +503,8 @@ pub struct ServerOptions {
     pub reverse: ReverseOptions,
     /// `--clusters-config`: many clusters on this server.
     pub clusters_config: Option<PathBuf>,
+    /// `--connect-header-timeout`; `None`: no deadline.
+    pub connect_header_timeout: Option<Duration>,
     /// konn's engine flags.
     pub engine: EngineFlags,
     /// Things accepted with a caveat; the binary logs each as a warning.

@@ -259,6 +259,13 @@ impl ServerFlags {
              admitted only with that cluster's credentials, its own strategies, limits and allowed \
              destinations. Re-read on SIGHUP and when it changes. Empty: one cluster, from the flags.",
         );
+        f.add_duration(
+            "connect-header-timeout",
+            self.connect_header_timeout,
+            "konn: an HTTP CONNECT request head must be complete this long after the connection is \
+             accepted (TLS handshake included), or the connection is closed without an answer \
+             (upstream: Go's 60 s ReadHeaderTimeout, fixed). 0 disables.",
+        );
         f.set_section(previous);
     }
 }

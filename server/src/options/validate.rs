@@ -164,6 +164,8 @@ impl ServerFlags {
         let graceful_shutdown_timeout =
             non_negative("graceful-shutdown-timeout", self.graceful_shutdown_timeout)?;
         let backend_dial_timeout = non_negative("backend-dial-timeout", self.backend_dial_timeout)?;
+        let connect_header_timeout =
+            non_negative("connect-header-timeout", self.connect_header_timeout)?;
 
         // konn's own checks (upstream passes these values on unchecked).
         let keepalive_time = non_negative("keepalive-time", self.keepalive_time)?;
@@ -243,6 +245,8 @@ impl ServerFlags {
             },
             reverse: self.reverse()?,
             clusters_config: non_empty_path(&self.clusters_config),
+            connect_header_timeout: (!connect_header_timeout.is_zero())
+                .then_some(connect_header_timeout),
             engine,
             warnings,
         })
