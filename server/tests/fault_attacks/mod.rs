@@ -841,3 +841,173 @@ fn row19_identity_spoofing() {
         },
     );
 }
+
+/// A rustls client connection of `tls` (the agent's identity).
+fn rustls_client(tls: &ClientTls) -> Result<rustls::ClientConnection, String> {
+    rustls::ClientConnection::new(tls.config.clone(), tls.server_name.clone())
+        .map_err(|e| e.to_string())
+}
+
+/// Drives `conn` over `s` until its handshake is done.
+fn finish_handshake(conn: &mut rustls::ClientConnection, s: &mut TcpStream) -> Result<(), String> {
+    s.set_read_timeout(Some(ANSWER))
+        .map_err(|e| e.to_string())?;
+    while conn.is_handshaking() {
+        conn.complete_io(s).map_err(|e| format!("handshake: {e}"))?;
+    }
+    Ok(())
+}
+
+/// After the handshake: the HTTP/2 preface goes out and the server's first
+/// frame (its SETTINGS) comes back.
+fn h2_answers(conn: &mut rustls::ClientConnection, s: &mut TcpStream) -> Result<(), String> {
+    use std::io::Write as _;
+    let mut out = PREFACE.to_vec();
+    out.extend_from_slice(&h2raw::settings(&[]));
+    conn.writer().write_all(&out).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + ANSWER;
+    let mut got = Vec::new();
+    while got.len() < 9 {
+        check(Instant::now() < deadline, || {
+            "no HTTP/2 frame from the server".to_owned()
+        })?;
+        while conn.wants_write() {
+            conn.write_tls(s).map_err(|e| e.to_string())?;
+        }
+        match conn.read_tls(s) {
+            Ok(0) => return Err("EOF before the server's SETTINGS".to_owned()),
+            Ok(_) => {
+                conn.process_new_packets().map_err(|e| e.to_string())?;
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = conn.reader().read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    check(got[3] == FrameType::SETTINGS.0, || {
+        format!("the server's first frame is type {}", got[3])
+    })
+}
+
+/// The ClientHello of a fresh connection, re-framed as one TLS record per
+/// handshake byte, each in its own write; the handshake then completes and
+/// the agent port speaks HTTP/2.
+fn one_byte_records(addr: SocketAddr, tls: &ClientTls) -> Result<(), String> {
+    let mut conn = rustls_client(tls)?;
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello).map_err(|e| e.to_string())?;
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut rest = &hello[..];
+    while rest.len() >= 5 {
+        let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        let (record, tail) = rest.split_at((5 + len).min(rest.len()));
+        for b in &record[5..] {
+            s.write_all(&[record[0], record[1], record[2], 0, 1, *b])
+                .map_err(|e| format!("1-byte record: {e}"))?;
+        }
+        rest = tail;
+    }
+    finish_handshake(&mut conn, &mut s)?;
+    h2_answers(&mut conn, &mut s)
+}
+
+/// After a complete handshake, `n` KeyUpdate messages (each requesting one
+/// back) as fast as they go; how the server ended it: "closed" (EOF, reset
+/// or alert) within the bound, or "open" (still answering HTTP/2).
+fn key_update_flood(addr: SocketAddr, tls: &ClientTls, n: usize) -> Result<&'static str, String> {
+    let mut conn = rustls_client(tls)?;
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    finish_handshake(&mut conn, &mut s)?;
+    for _ in 0..n {
+        if conn.refresh_traffic_keys().is_err() {
+            break;
+        }
+        let mut wire = Vec::new();
+        while conn.wants_write() {
+            if conn.write_tls(&mut wire).is_err() {
+                break;
+            }
+        }
+        if s.write_all(&wire).is_err() {
+            return Ok("closed");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .map_err(|e| e.to_string())?;
+    while Instant::now() < deadline {
+        match conn.read_tls(&mut s) {
+            Ok(0) => return Ok("closed"),
+            Ok(_) => {
+                if conn.process_new_packets().is_err() {
+                    return Ok("closed");
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                // Quiet: the server took them all; it must still speak HTTP/2.
+                return h2_answers(&mut conn, &mut s).map(|()| "open");
+            }
+            Err(_) => return Ok("closed"),
+        }
+    }
+    Err("the server neither closed nor went quiet within 2 s".to_owned())
+}
+
+#[test]
+fn row22b_tls_record_edge_cases() {
+    run_row(
+        "22b",
+        "TLS: ClientHello in 1-byte records, KeyUpdate flood",
+        "On the agent port (mTLS, the agent's certificate): 5 connections send their ClientHello as one TLS record per byte, one write each: every handshake completes and the server answers the HTTP/2 preface with SETTINGS. 5 connections send 1000 KeyUpdate requests each right after the handshake: each is closed within 2 s or stays usable (answers HTTP/2); never a hang. Then the server is healthy, its agent serves a dial byte-exact and its descriptors return to baseline",
+        |imp, dir, pki| {
+            let echo = Echo::start();
+            let server = Server::start(imp, dir, pki, 0, &[]);
+            let _agent = Agent::start(imp, dir, pki, "agent", server.agent_port);
+            check(wait_until(T, || server.ready() == 1.0), || {
+                "agent not ready".into()
+            })?;
+            let baseline = fds_of(server.proc.pid());
+            let tls = tls_client(
+                &pki.ca_cert,
+                Some((
+                    PemSource::File(pki.agent_cert.clone()),
+                    PemSource::File(pki.agent_key.clone()),
+                )),
+            )?;
+            let addr = at(server.agent_port);
+            let start = Instant::now();
+            for i in 0..5 {
+                one_byte_records(addr, &tls).map_err(|e| format!("1-byte records #{i}: {e}"))?;
+            }
+            let handshakes = start.elapsed() / 5;
+            let mut outcomes = Vec::new();
+            for i in 0..5 {
+                outcomes.push(
+                    key_update_flood(addr, &tls, 1000)
+                        .map_err(|e| format!("KeyUpdate flood #{i}: {e}"))?,
+                );
+            }
+            check(wait_http_ok(server.admin, "/metrics", T), || {
+                "the server stopped answering".into()
+            })?;
+            echo_within(&server, echo.addr, T)?;
+            server_fds_back(&server, baseline)?;
+            Ok(Measured {
+                detection: Some(handshakes),
+                bytes_lost: Some(0),
+                note: format!(
+                    "time: one handshake in 1-byte records; KeyUpdate floods: {}",
+                    outcomes.join(", ")
+                ),
+                ..Measured::default()
+            })
+        },
+    );
+}
