@@ -237,6 +237,18 @@ const OPEN_ENDPOINTS: &str = "konnectivity_network_proxy_agent_open_endpoint_con
 
 impl Agent {
     fn start(imp: Imp, dir: &TempDir, pki: &PkiFiles, id: &str, server_port: u16) -> Self {
+        Self::start_with(imp, dir, pki, id, server_port, &[])
+    }
+
+    /// [`Agent::start`] with `extra` flags after the usual ones.
+    fn start_with(
+        imp: Imp,
+        dir: &TempDir,
+        pki: &PkiFiles,
+        id: &str,
+        server_port: u16,
+        extra: &[&str],
+    ) -> Self {
         let (health, admin) = (free_port(), free_port());
         let p = |p: &Path| p.display().to_string();
         let mut args = vec![
@@ -258,7 +270,8 @@ impl Agent {
         if imp == Imp::Konn {
             args.push("--workers=1".to_owned());
         }
-        let log = dir.path(&format!("agent-{}-{id}.log", imp.name()));
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let log = dir.path(&format!("agent-{}-{id}-{health}.log", imp.name()));
         let proc = Proc::spawn(&imp.bin("proxy-agent"), &args, &log).expect("spawn agent");
         Self {
             proc,

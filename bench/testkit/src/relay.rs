@@ -36,6 +36,22 @@ impl LoadBalancer {
     ///
     /// The listener cannot be bound or its thread started.
     pub fn start(backends: Vec<SocketAddr>) -> std::io::Result<Self> {
+        Self::start_with(backends, None)
+    }
+
+    /// Like [`start`](Self::start), but each connection goes to a backend
+    /// drawn at random (a generator seeded with `seed`), as a Kubernetes
+    /// Service's iptables rules pick one: strict round-robin can pair
+    /// clients that connect in lockstep with fixed subsets of backends.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_random(backends: Vec<SocketAddr>, seed: u64) -> std::io::Result<Self> {
+        Self::start_with(backends, Some(seed))
+    }
+
+    fn start_with(backends: Vec<SocketAddr>, seed: Option<u64>) -> std::io::Result<Self> {
         let l = TcpListener::bind("127.0.0.1:0")?;
         let addr = l.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -63,7 +79,8 @@ impl LoadBalancer {
                         if t.is_empty() {
                             continue; // the client sees the connection close
                         }
-                        t[next % t.len()]
+                        let draw = seed.map_or(next, |seed| splitmix(seed ^ next as u64) as usize);
+                        t[draw % t.len()]
                     };
                     count.fetch_add(1, Ordering::Relaxed);
                     let Ok(upstream) = TcpStream::connect(backend) else {
@@ -115,6 +132,14 @@ impl LoadBalancer {
             }
         }
     }
+}
+
+/// splitmix64's output function: a well-mixed number from `x`.
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Copy both ways until either side closes, then close both and forget

@@ -1011,3 +1011,81 @@ fn row22b_tls_record_edge_cases() {
         },
     );
 }
+
+#[test]
+fn row08_ha_count_skew() {
+    run_row(
+        "08",
+        "HA count skew (rolling 3 → 6 servers)",
+        "Two agents (default sync, not --sync-forever) behind a load balancer that picks a server at random (as a Service does) hold tunnels to 3 servers started with --server-count=3. The roll: 3 new servers with --server-count=6 join the balancer while the old 3 still say 3, then each old server is replaced, one at a time, by one saying 6. Within 20 s of the roll's end every one of the 6 servers has both agents ready and a dial through each echoes byte-exact (no \"No agent available\")",
+        |imp, dir, pki| {
+            let echo = Echo::start();
+            let start = |id: usize, count: usize| {
+                Server::start(
+                    imp,
+                    dir,
+                    pki,
+                    0,
+                    &[
+                        &format!("--server-id=s{id}"),
+                        &format!("--server-count={count}"),
+                    ],
+                )
+            };
+            let mut servers: Vec<Server> = (1..=3).map(|i| start(i, 3)).collect();
+            let backends = |s: &[Server]| s.iter().map(|s| at(s.agent_port)).collect::<Vec<_>>();
+            let lb = konn_testkit::relay::LoadBalancer::start_random(backends(&servers), 8)
+                .map_err(|e| e.to_string())?;
+            let _agents: Vec<Agent> = ["agent-a", "agent-b"]
+                .iter()
+                .map(|id| {
+                    Agent::start_with(
+                        imp,
+                        dir,
+                        pki,
+                        id,
+                        lb.addr().port(),
+                        &["--sync-forever=false"],
+                    )
+                })
+                .collect();
+            let all_ready = |s: &[Server]| s.iter().all(|s| s.ready() >= 2.0);
+            check(wait_until(T, || all_ready(&servers)), || {
+                "the agents did not reach the first 3 servers".to_owned()
+            })?;
+
+            let roll = Instant::now();
+            let accepted = lb.accepted();
+            servers.extend((4..=6).map(|i| start(i, 6)));
+            lb.set_backends(backends(&servers));
+            for i in 0..3 {
+                let old = std::mem::replace(&mut servers[i], start(i + 1, 6));
+                lb.set_backends(backends(&servers));
+                drop(old);
+            }
+            let rolled = Instant::now();
+            let converged = measure(
+                Duration::from_secs(20),
+                "both agents on all 6 servers",
+                || all_ready(&servers),
+            )
+            .map_err(|e| {
+                let ready: Vec<f64> = servers.iter().map(Server::ready).collect();
+                format!("{e}: ready agents per server {ready:?}")
+            })?;
+            let attempts = lb.accepted() - accepted;
+            for (i, s) in servers.iter().enumerate() {
+                fresh_echo(s, echo.addr, 80 + i as u64)
+                    .map_err(|e| format!("server s{}: {e}", i + 1))?;
+            }
+            Ok(Measured {
+                recovery: Some(converged),
+                note: format!(
+                    "recovery: from the roll's end (it took {:.1} s) to both agents on all 6; {attempts} tunnel connections through the balancer meanwhile",
+                    (rolled - roll).as_secs_f64()
+                ),
+                ..Measured::default()
+            })
+        },
+    );
+}
