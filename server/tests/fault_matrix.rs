@@ -35,6 +35,7 @@ use konn_testkit::wait::wait_until;
 use konn_testkit::{Pattern, Sha256};
 
 mod fault_attacks;
+mod fault_fleet;
 
 /// Bound on start-up and on waits that are not themselves measured.
 const T: Duration = Duration::from_secs(20);
