@@ -29,7 +29,6 @@ use konn_protocol::h2::Headers;
 use crate::auth::{AuthResult, Verdicts};
 use crate::cluster::{Cluster, ClusterMsg};
 use crate::metrics::{Segment, ServiceMethod};
-use crate::serve::metric_strategy;
 use crate::worker::{BackendRef, Outbox, Worker, bump};
 use konn_core::kube::review::{Outcome, Source, Verdict};
 use konn_protocol::server::backends::{BackendId, Identifiers};
@@ -298,19 +297,8 @@ impl AgentConn {
         c.announce(w, || ClusterMsg::BackendDown(bid));
     }
 
-    /// `ready_backends{proxy_strategy}` and the deprecated
-    /// `ready_backend_connections` (upstream: written by every storage, the
-    /// last one wins).
     fn publish_backends(&self) {
-        let router = self.cluster.router.borrow();
-        let dir = router.directory();
-        for s in dir.strategies() {
-            let n = dir.ready_backends(*s);
-            self.cluster
-                .all_metrics
-                .set_ready_backends(metric_strategy(*s), n);
-            self.cluster.all_metrics.set_ready_backend_connections(n);
-        }
+        self.cluster.publish_backends();
     }
 }
 

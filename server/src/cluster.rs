@@ -341,6 +341,7 @@ impl Cluster {
             ClusterMsg::BackendUp(e, load) => {
                 self.loads.borrow_mut().insert(e.id, load);
                 self.router.borrow_mut().directory_mut().add(e);
+                self.publish_backends();
             }
             ClusterMsg::BackendDown(id) => {
                 self.loads.borrow_mut().remove(&id);
@@ -348,6 +349,7 @@ impl Cluster {
                 self.router.borrow_mut().backend_gone(id);
                 self.apply(w);
                 self.publish(w);
+                self.publish_backends();
             }
             ClusterMsg::BackendDraining(id) => {
                 self.router.borrow_mut().directory_mut().set_draining(id)
@@ -616,6 +618,25 @@ impl Cluster {
         match p {
             Payload::Packet(p) => p.ty(),
             Payload::Forward(_) => w.forwarding.get(),
+        }
+    }
+
+    /// `ready_backends{proxy_strategy}` and the deprecated
+    /// `ready_backend_connections` from this worker's directory (upstream:
+    /// written by every storage, the last one wins). Every worker writes them
+    /// after each change of its directory, its own agents' and the ones
+    /// other workers announce, so once the announcements are delivered the
+    /// last write is a complete count (a worker that wrote only on its own
+    /// agents left the gauge short by the announcements it had not yet
+    /// received: 4995 of 5000 tunnels in S9).
+    pub fn publish_backends(&self) {
+        let router = self.router.borrow();
+        let dir = router.directory();
+        for s in dir.strategies() {
+            let n = dir.ready_backends(*s);
+            self.all_metrics
+                .set_ready_backends(crate::serve::metric_strategy(*s), n);
+            self.all_metrics.set_ready_backend_connections(n);
         }
     }
 

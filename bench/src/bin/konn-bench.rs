@@ -11,6 +11,7 @@
 //! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
 //!                   [--kernel io-uring,epoll]
 //! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
+//! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
 //! ```
 //!
 //! - `compare`: the side-by-side run of docs/BENCHMARKS.md: S1–S8 for the
@@ -52,6 +53,11 @@
 //!   when its binaries are missing. The agents reach their cluster by name
 //!   (SNI), so the command re-runs itself under `unshare -Urm` with an
 //!   `/etc/hosts` of its own that resolves those names to 127.0.0.1.
+//! - `agents` (S9, docs/BENCHMARKS.md): N agent tunnels (default 5000) from
+//!   a load generator in this process that speaks the agent's side with
+//!   mTLS, on konn's server and then upstream's: time to connect them all,
+//!   TLS handshakes/s, resident memory per tunnel, and a reconnect storm
+//!   after a server restart ([`konn_bench::harness::agents`]).
 
 // A measuring tool: it reads the clock.
 #![allow(clippy::disallowed_methods)]
@@ -61,9 +67,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use konn_bench::harness::compare::{self, Config, Margins};
-use konn_bench::harness::multi;
 use konn_bench::harness::report::UPSTREAM;
 use konn_bench::harness::{Binaries, Mode, Topology, rss_kib};
+use konn_bench::harness::{agents, multi};
 use konn_core::io::runtime::{Engine, IoEngine, block_on, resolve};
 use konn_testkit::dest::Destination;
 use konn_testkit::frontend::GrpcFrontend;
@@ -79,8 +85,9 @@ fn main() -> Result<()> {
         Some("icount") => icount_main(it),
         Some("idle") | None => idle_main(it),
         Some("multi") => multi_main(it),
+        Some("agents") => agents_main(it),
         Some(other) => {
-            bail!("unknown subcommand {other:?} (compare, icount, idle, multi, reverse)")
+            bail!("unknown subcommand {other:?} (agents, compare, icount, idle, multi, reverse)")
         }
     }
 }
@@ -401,6 +408,62 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             std::process::exit(1);
         }
     }
+    Ok(())
+}
+
+fn agents_main(mut it: impl Iterator<Item = String>) -> Result<()> {
+    let (mut agents, mut threads) = (5000usize, 2usize);
+    let mut upstream = PathBuf::from("target/interop/upstream");
+    let mut konn = None;
+    while let Some(a) = it.next() {
+        let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "--agents" => agents = val("a number")?.parse()?,
+            "--threads" => threads = val("a number")?.parse()?,
+            "--upstream" => upstream = val("a directory")?.into(),
+            "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    ensure!(
+        (1..=9000).contains(&agents),
+        "--agents: 1 to 9000 (two sockets each within 20000 descriptors)"
+    );
+    ensure!((1..=16).contains(&threads), "--threads: 1 to 16");
+    let konn_dir = match konn {
+        Some(d) => d,
+        None => procs::bin_dir().context("konn's binaries not found; pass --konn DIR")?,
+    };
+    let upstream = upstream
+        .join("proxy-server")
+        .is_file()
+        .then(|| Binaries::in_dir(UPSTREAM, &upstream));
+    if upstream.is_none() {
+        eprintln!("upstream's proxy-server missing (scripts/test builds it): konn only");
+    }
+    let cfg = agents::Config {
+        agents,
+        threads,
+        konn: Binaries::in_dir("konn", &konn_dir),
+        upstream,
+    };
+    procs::raise_nofile(65_536);
+    let work = WorkDir::new("agents")?;
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    eprintln!(
+        "konn-bench agents: {agents} agent tunnels (mTLS) from {threads} generator threads, {cpus} CPUs, \
+         servers with their defaults"
+    );
+    let rows = agents::run(&cfg, &work.0, |r| {
+        eprintln!(
+            "  {}: connected in {:.2?}, {:.1} KiB per tunnel, storm {:.2?}",
+            r.name,
+            r.connect,
+            r.kib_per_tunnel(),
+            r.storm
+        );
+    })?;
+    println!("{}", agents::markdown(&rows));
     Ok(())
 }
 

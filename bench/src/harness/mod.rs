@@ -4,6 +4,7 @@
 //! load generator's pieces ([`dests`], [`load`], [`stats`], [`report`]);
 //! [`multi`] is S10, many clusters on one server.
 
+pub mod agents;
 pub mod compare;
 pub mod dests;
 pub mod icount;
