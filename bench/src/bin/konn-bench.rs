@@ -12,6 +12,7 @@
 //!                   [--kernel io-uring,epoll]
 //! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
 //! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
+//! konn-bench soak [--minutes N] [--restart-every SECS] [--konn DIR] [--out DIR]
 //! ```
 //!
 //! - `compare`: the side-by-side run of docs/BENCHMARKS.md: S1–S8 for the
@@ -58,6 +59,13 @@
 //!   mTLS, on konn's server and then upstream's: time to connect them all,
 //!   TLS handshakes/s, resident memory per tunnel, and a reconnect storm
 //!   after a server restart ([`konn_bench::harness::agents`]).
+//! - `soak`: konn's server and agent under S1, S3 and S4 in turn for N
+//!   minutes (default 30), the agent and the server SIGKILLed and restarted
+//!   in turn every `--restart-every` seconds (default 180); both processes'
+//!   memory, descriptors and threads sampled every second
+//!   ([`konn_bench::harness::soak`]). Prints a summary, writes `soak.svg`
+//!   and `soak.md` to `--out` when given, and exits with 1 when a workload
+//!   run failed or memory or descriptors grew over the run.
 
 // A measuring tool: it reads the clock.
 #![allow(clippy::disallowed_methods)]
@@ -69,7 +77,7 @@ use anyhow::{Context, Result, bail, ensure};
 use konn_bench::harness::compare::{self, Config, Margins};
 use konn_bench::harness::report::UPSTREAM;
 use konn_bench::harness::{Binaries, Mode, Topology, rss_kib};
-use konn_bench::harness::{agents, multi};
+use konn_bench::harness::{agents, multi, soak};
 use konn_core::io::runtime::{Engine, IoEngine, block_on, resolve};
 use konn_testkit::dest::Destination;
 use konn_testkit::frontend::GrpcFrontend;
@@ -86,8 +94,11 @@ fn main() -> Result<()> {
         Some("idle") | None => idle_main(it),
         Some("multi") => multi_main(it),
         Some("agents") => agents_main(it),
+        Some("soak") => soak_main(it),
         Some(other) => {
-            bail!("unknown subcommand {other:?} (agents, compare, icount, idle, multi, reverse)")
+            bail!(
+                "unknown subcommand {other:?} (agents, compare, icount, idle, multi, reverse, soak)"
+            )
         }
     }
 }
@@ -465,6 +476,62 @@ fn agents_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     })?;
     println!("{}", agents::markdown(&rows));
     Ok(())
+}
+
+fn soak_main(mut it: impl Iterator<Item = String>) -> Result<()> {
+    let (mut minutes, mut restart_every) = (30.0f64, 180.0f64);
+    let (mut konn, mut out) = (None, None);
+    while let Some(a) = it.next() {
+        let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "--minutes" => minutes = val("a number")?.parse()?,
+            "--restart-every" => restart_every = val("seconds")?.parse()?,
+            "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            "--out" => out = Some(PathBuf::from(val("a directory")?)),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    ensure!(
+        minutes > 0.0 && minutes <= 24.0 * 60.0,
+        "--minutes: above 0, at most a day"
+    );
+    ensure!(
+        restart_every >= 10.0,
+        "--restart-every: at least 10 seconds"
+    );
+    let konn_dir = match konn {
+        Some(d) => d,
+        None => procs::bin_dir().context("konn's binaries not found; pass --konn DIR")?,
+    };
+    let cfg = soak::Config {
+        duration: Duration::from_secs_f64(minutes * 60.0),
+        restart_every: Duration::from_secs_f64(restart_every),
+        konn: konn_bins("konn", &konn_dir, None),
+    };
+    let work = WorkDir::new("soak")?;
+    let certs = pki::write(&work.0.join("pki"))?;
+    eprintln!(
+        "konn-bench soak: {minutes} min of S1/S3/S4 in turn, agent and server restarted in turn every {restart_every} s"
+    );
+    let report = soak::run(&cfg, &work.0, &certs)?;
+    let md = soak::markdown(&report);
+    println!("{md}");
+    if let Some(dir) = out {
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("soak.svg"), soak::svg(&report))?;
+        std::fs::write(dir.join("soak.md"), &md)?;
+        eprintln!("wrote {}/soak.svg and soak.md", dir.display());
+    }
+    match soak::verdict(&report) {
+        Ok(()) => {
+            eprintln!("soak held: every workload run succeeded; memory and descriptors flat");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("soak failed: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 /// Set in the re-run of `multi` inside its mount namespace.

@@ -13,6 +13,7 @@ pub mod multi;
 pub mod report;
 pub mod reverse;
 pub mod scenarios;
+pub mod soak;
 pub mod stats;
 
 use std::net::SocketAddr;
@@ -241,6 +242,12 @@ impl Topology {
         self.agent.kill();
         self.restart_server()?;
         self.restart_agent()?;
+        self.settle()
+    }
+
+    /// After a restart: start again whatever exited (see
+    /// [`revive`](Self::revive)) until the agent is connected.
+    pub fn settle(&mut self) -> Result<(), Error> {
         let step = Duration::from_millis(100);
         let mut waited = Duration::ZERO;
         while waited < RESPAWN_WAIT {
