@@ -51,6 +51,37 @@ fn one_mebibyte_each_way() {
 }
 
 #[test]
+fn releasing_idle_buffers_keeps_the_connection_whole() {
+    let pki = Pki::new();
+    let (mut c, mut s) = connected(&pki);
+    // Mid-record: the first half of a 16 KiB record is buffered in rustls
+    // when the release runs; it must survive, and nothing may look like EOF.
+    let data = payload(64 * 1024);
+    let mut wire = BytesMut::new();
+    c.write_plaintext(&data[..16 * 1024]).unwrap();
+    c.take_tls(&mut wire);
+    let half = wire.len() / 2;
+    assert_eq!(s.feed_tls(&wire[..half]).unwrap(), half);
+    s.release_idle();
+    c.release_idle();
+    assert_eq!(s.feed_tls(&wire[half..]).unwrap(), wire.len() - half);
+    let mut got = BytesMut::new();
+    assert!(matches!(
+        s.read_plaintext(&mut got).unwrap(),
+        Plaintext::Data(_)
+    ));
+    assert_eq!(&got[..], &data[..16 * 1024]);
+    // Idle with nothing pending, released twice, then both ways again.
+    s.release_idle();
+    s.release_idle();
+    assert_eq!(
+        transfer(&mut c, &mut s, &data[16 * 1024..], 4096),
+        &data[16 * 1024..]
+    );
+    assert_eq!(transfer(&mut s, &mut c, b"pong", 7), b"pong");
+}
+
+#[test]
 fn byte_by_byte_feeding_delivers_everything() {
     let pki = Pki::new();
     let (mut c, mut s) = connected(&pki);

@@ -879,6 +879,9 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             {
                 self.write_idle_since.set(None);
                 self.release_writer.notify();
+                if let Some(t) = self.tls.borrow_mut().as_mut() {
+                    t.release_idle();
+                }
             }
             if self.write_deadline.get().is_some_and(|d| now >= d) {
                 self.finish(Some(Error::WriteTimeout(self.cfg.write_timeout)));

@@ -274,6 +274,26 @@ impl TlsLayer {
         self.conn.refresh_traffic_keys().map_err(Error::Tls)
     }
 
+    /// Gives back rustls' receive buffer of an idle connection. rustls
+    /// keeps the buffer it last read ciphertext into (up to a record plus
+    /// one read, about 20 KiB) until the next read, and only then shrinks it
+    /// to 4 KiB when nothing is pending; this runs that shrink now, with a
+    /// read that finds nothing (`WouldBlock`, which rustls passes on without
+    /// taking it for EOF). Drivers call it when a connection has been idle
+    /// for a while, never per packet (the next read would grow the buffer
+    /// again).
+    pub fn release_idle(&mut self) {
+        struct Nothing;
+        impl io::Read for Nothing {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                Err(io::ErrorKind::WouldBlock.into())
+            }
+        }
+        if self.failed.is_none() && !self.eof && !self.conn.is_handshaking() {
+            let _ = self.conn.read_tls(&mut Nothing);
+        }
+    }
+
     /// True until the handshake has completed.
     pub fn is_handshaking(&self) -> bool {
         self.conn.is_handshaking()
