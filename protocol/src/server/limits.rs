@@ -170,7 +170,9 @@ struct Class {
 }
 
 impl Class {
-    fn new(limit: Limit, slots: usize) -> Self {
+    /// A class of `slots` slots; none when its limit is off, unless
+    /// `always` (the agent class: its counts are shown per agent).
+    fn new(limit: Limit, slots: usize, always: bool) -> Self {
         let interval = if limit.rate > 0.0 {
             // Saturating float → int conversion: tiny rates get one dial
             // per ~584 years.
@@ -179,7 +181,7 @@ impl Class {
             0
         };
         let burst = u64::from(limit.burst.max(1));
-        let n = if limit.on() { slots } else { 0 };
+        let n = if limit.on() || always { slots } else { 0 };
         Self {
             limit,
             interval,
@@ -291,10 +293,10 @@ impl Limits {
         Self {
             cfg,
             epoch,
-            agent: Class::new(cfg.agent, SLOTS),
-            dest: Class::new(cfg.dest, SLOTS),
-            frontend: Class::new(cfg.frontend, SLOTS),
-            cluster: Class::new(cfg.cluster, 1),
+            agent: Class::new(cfg.agent, SLOTS, true),
+            dest: Class::new(cfg.dest, SLOTS, false),
+            frontend: Class::new(cfg.frontend, SLOTS, false),
+            cluster: Class::new(cfg.cluster, 1, false),
             overloaded: AtomicBool::new(false),
         }
     }
@@ -318,10 +320,11 @@ impl Limits {
         dest_host: &str,
         frontend: &str,
     ) -> Result<Permit, Refusal> {
+        let slots = [slot(agent), slot(dest_host), slot(frontend), 0];
         if self.overloaded() {
+            self.agent.refused(slots[0]);
             return Err(Refusal::Overload);
         }
-        let slots = [slot(agent), slot(dest_host), slot(frontend), 0];
         let classes = self.classes();
         const CONNS: [Refusal; 4] = [
             Refusal::AgentConns,
@@ -397,9 +400,9 @@ impl Limits {
         self.overloaded.load(Ordering::Relaxed)
     }
 
-    /// Connections (and pending dials) counted for `agent`, and dials of
-    /// it refused by a limit, for `/debug/backends` (0 when the agent class
-    /// is off; shared with any agent hashed to the same slot).
+    /// Connections (and pending dials) counted for `agent`, and its dials
+    /// refused (by any limit or the overload manager), for
+    /// `/debug/backends` (shared with any agent hashed to the same slot).
     pub fn agent_load(&self, agent: &str) -> (u32, u64) {
         let s = slot(agent);
         let conns = self
@@ -434,7 +437,8 @@ mod tests {
         let permits: Vec<_> = (0..10_000)
             .map(|_| l.admit(t, "a", "h", "f").unwrap())
             .collect();
-        assert_eq!(permits.len(), 10_000);
+        assert_eq!(l.agent_load("a"), (10_000, 0), "counted, not limited");
+        drop(permits);
         assert_eq!(l.agent_load("a"), (0, 0));
     }
 
