@@ -425,7 +425,7 @@ mod tests {
     use std::time::Duration;
 
     fn limits(cfg: LimitsConfig) -> (Arc<Limits>, Instant) {
-        let epoch = Instant::now();
+        let epoch = crate::test_epoch();
         (Arc::new(Limits::new(cfg, epoch)), epoch)
     }
 

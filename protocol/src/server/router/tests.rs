@@ -1507,7 +1507,7 @@ fn agent_connection_limit_refuses_grpc_with_a_dial_rsp_and_releases_on_close() {
     // A failed or cancelled pending dial releases too.
     r.frontend_gone(12);
     assert_eq!(limits.agent_load("agent-1").0, 0);
-    r.check_invariants();
+    r.check_invariants().unwrap();
 }
 
 #[test]
@@ -1540,7 +1540,7 @@ fn destination_rate_refuses_connect_with_503_and_lets_other_hosts_through() {
     r.frontend_opened(12, FrontendKind::HttpConnect);
     r.connect_request(t0(), 12, "10.0.0.6:22", 3, 0);
     assert_eq!(to_backend_packets(&actions(&mut r)).len(), 1);
-    r.check_invariants();
+    r.check_invariants().unwrap();
 }
 
 #[test]
@@ -1588,5 +1588,5 @@ fn frontend_identity_limit_and_overload() {
     r.frontend_opened(14, FrontendKind::Grpc);
     from_frontend(&mut r, t0(), 14, dial_req(5));
     assert_eq!(to_backend_packets(&actions(&mut r)).len(), 1);
-    r.check_invariants();
+    r.check_invariants().unwrap();
 }
