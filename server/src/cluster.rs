@@ -600,8 +600,13 @@ impl Cluster {
                         .reverse_dials(konn_core::metrics::common::ReverseResult::Ok)
                         .inc();
                 }
-                Action::DialRefused { frontend, reason } => {
-                    tracing::debug!(frontend, reason = reason.as_str(), "dial refused");
+                Action::DialRefused {
+                    frontend,
+                    reason,
+                    backend,
+                    ..
+                } => {
+                    tracing::debug!(frontend, backend, reason = reason.as_str(), "dial refused");
                     self.all_metrics.dial_refusal(reason);
                 }
                 Action::DialFailed(why) => {

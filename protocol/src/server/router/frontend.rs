@@ -294,7 +294,8 @@ impl Router {
         let permit = match admitted {
             Ok(p) => p,
             Err(reason) => {
-                self.refuse_dial(id, kind, dial, reason);
+                let backend = entry.id;
+                self.refuse_dial(id, kind, dial, reason, backend, address);
                 return;
             }
         };
@@ -364,10 +365,20 @@ impl Router {
 
     /// Refuse a dial at admission: a DIAL_RSP error to a gRPC frontend, 503
     /// to a CONNECT one; [`Action::DialRefused`] for metrics and audit.
-    fn refuse_dial(&mut self, fid: FrontendId, kind: FrontendKind, random: i64, reason: Refusal) {
+    fn refuse_dial(
+        &mut self,
+        fid: FrontendId,
+        kind: FrontendKind,
+        random: i64,
+        reason: Refusal,
+        backend: BackendId,
+        address: &str,
+    ) {
         self.actions.push_back(Action::DialRefused {
             frontend: fid,
             reason,
+            backend,
+            address: address.into(),
         });
         match kind {
             FrontendKind::Grpc => self.send_dial_error(fid, random, &reason.message()),

@@ -250,6 +250,10 @@ pub enum Action {
         frontend: FrontendId,
         /// Why.
         reason: Refusal,
+        /// The agent the dial would have gone to.
+        backend: BackendId,
+        /// The dial's address, as the frontend sent it.
+        address: Box<str>,
     },
     /// A dial succeeded after this long (metrics: `dial_duration_seconds`).
     DialSucceeded(Duration),
