@@ -170,9 +170,9 @@ pub trait TunnelObserver {
     fn dial_succeeded(&self, _elapsed: Duration) {}
     /// A destination dial failed (or was refused before dialling).
     fn dial_failed(&self, _why: DialFailure) {}
-    /// A destination dial was refused by the agent itself
+    /// A dial to `address` was refused by the agent itself
     /// (`--allowed-destination-cidrs`); `dial_failed` follows.
-    fn dial_refused(&self, _reason: Refusal) {}
+    fn dial_refused(&self, _reason: Refusal, _address: &str) {}
     /// An endpoint connection was established.
     fn endpoint_opened(&self) {}
     /// An endpoint connection's socket was released (both directions
@@ -757,7 +757,8 @@ async fn dial(
                 let why = match e {
                     DialOutcome::Failed(DialError::Timeout) => DialFailure::Timeout,
                     DialOutcome::NotAllowed => {
-                        ctx.observer.dial_refused(Refusal::DestinationNotAllowed);
+                        ctx.observer
+                            .dial_refused(Refusal::DestinationNotAllowed, &address);
                         DialFailure::Unknown
                     }
                     DialOutcome::Failed(_) => DialFailure::Unknown,

@@ -442,7 +442,7 @@ impl TunnelObserver for CoreObserver {
         }
     }
 
-    fn dial_refused(&self, reason: konn_protocol::server::limits::Refusal) {
+    fn dial_refused(&self, reason: konn_protocol::server::limits::Refusal, _address: &str) {
         if let Some(m) = &self.metrics {
             m.dial_refusals(reason).inc();
         }
