@@ -44,7 +44,10 @@ use bytes::{Buf, Bytes, BytesMut};
 use konn_core::io::driver::{ConnHandle, Handler, WeakConnHandle};
 use konn_core::io::notify::{Broadcast, Notify};
 use konn_core::io::pool::BufPool;
-use konn_core::io::resolve::{DialError, dial_tcp, go_dial_error};
+use konn_core::io::resolve::{DialError, dial_tcp};
+use konn_protocol::server::limits::Refusal;
+
+use crate::allow::DialOutcome;
 use konn_core::io::runtime::{Either, race};
 use konn_core::io::sock;
 use konn_frames::GrpcStatus;
@@ -96,6 +99,8 @@ pub struct TunnelSettings {
     /// Offer the reverse direction (`konn-reverse: 1`): set when the agent
     /// has `--target`s.
     pub reverse: bool,
+    /// `--allowed-destination-cidrs` (empty: every destination).
+    pub allowed: std::sync::Arc<crate::allow::AllowList>,
 }
 
 impl TunnelSettings {
@@ -116,6 +121,7 @@ impl Default for TunnelSettings {
             warn_on_queue_limit: false,
             flow_control: true,
             reverse: false,
+            allowed: std::sync::Arc::default(),
         }
     }
 }
@@ -164,6 +170,9 @@ pub trait TunnelObserver {
     fn dial_succeeded(&self, _elapsed: Duration) {}
     /// A destination dial failed (or was refused before dialling).
     fn dial_failed(&self, _why: DialFailure) {}
+    /// A dial to `address` was refused by the agent itself
+    /// (`--allowed-destination-cidrs`); `dial_failed` follows.
+    fn dial_refused(&self, _reason: Refusal, _address: &str) {}
     /// An endpoint connection was established.
     fn endpoint_opened(&self) {}
     /// An endpoint connection's socket was released (both directions
@@ -712,11 +721,17 @@ async fn dial(
     cancel: Rc<Notify>,
 ) {
     let started = konn_core::io::clock::now();
-    let result = race(
-        dial_tcp(&address, ctx.settings.dial_timeout),
-        cancel.notified(),
-    )
-    .await;
+    let allowed = &ctx.settings.allowed;
+    let attempt = async {
+        if allowed.allows_all() {
+            dial_tcp(&address, ctx.settings.dial_timeout)
+                .await
+                .map_err(DialOutcome::Failed)
+        } else {
+            crate::allow::dial(&address, ctx.settings.dial_timeout, allowed).await
+        }
+    };
+    let result = race(attempt, cancel.notified()).await;
     let Some(handle) = me.upgrade() else { return };
     let result = match result {
         Either::Left(r) => r,
@@ -737,14 +752,18 @@ async fn dial(
                 h.start_endpoint(connect_id, stream);
             }
             Err(e) => {
-                tracing::debug!(connection_id = connect_id, %address, error = %go_dial_error(&address, &e), "dial failed");
-                let why = if e == DialError::Timeout {
-                    DialFailure::Timeout
-                } else {
-                    DialFailure::Unknown
+                let error = e.error_text(&address);
+                tracing::debug!(connection_id = connect_id, %address, %error, "dial failed");
+                let why = match e {
+                    DialOutcome::Failed(DialError::Timeout) => DialFailure::Timeout,
+                    DialOutcome::NotAllowed => {
+                        ctx.observer
+                            .dial_refused(Refusal::DestinationNotAllowed, &address);
+                        DialFailure::Unknown
+                    }
+                    DialOutcome::Failed(_) => DialFailure::Unknown,
                 };
-                h.tunnel
-                    .dial_failed(connect_id, go_dial_error(&address, &e), why);
+                h.tunnel.dial_failed(connect_id, error, why);
                 h.apply(g);
             }
         }

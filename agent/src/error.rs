@@ -45,6 +45,8 @@ pub enum Error {
     Tls(konn_core::Error),
     /// `--target` / `--bind-address` are invalid (the text names the flag).
     Reverse(String),
+    /// `--allowed-destination-cidrs` has a bad entry; the text names it.
+    AllowedDestinations(String),
     /// A listen host does not resolve.
     Resolve {
         /// The flag.
@@ -82,7 +84,7 @@ impl fmt::Display for Error {
                  (upstream fails the same way: failed to read CA cert)",
             ),
             Self::Tls(e) => write!(f, "TLS towards the proxy-server: {e}"),
-            Self::Reverse(problem) => f.write_str(problem),
+            Self::Reverse(problem) | Self::AllowedDestinations(problem) => f.write_str(problem),
             Self::Resolve { flag, host, source } => {
                 write!(f, "--{flag}={host}: cannot resolve: {source}")
             }

@@ -9,6 +9,8 @@
 //! - [`options`]: the command line (every upstream v0.36 flag, konn's own).
 //! - [`settings`]: the run-time settings the options map onto (tests build
 //!   them directly).
+//! - [`allow`]: `--allowed-destination-cidrs`, what the control plane may
+//!   dial into the node network.
 //! - [`conn`]: one tunnel on a socket, with the endpoints it relays.
 //! - [`client`]: opening a tunnel (dial, TLS, HTTP/2, the Connect call).
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints.
@@ -16,6 +18,7 @@
 //! - [`run`]: the running agent: workers, tunnels, sync loop, DRAIN, the
 //!   health and admin ports.
 
+pub mod allow;
 pub mod client;
 pub mod conn;
 pub mod error;

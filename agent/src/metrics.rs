@@ -31,6 +31,7 @@
 //! text included (which names a `stream_events_error_total` that never
 //! existed; the replacement is `stream_errors_total`).
 
+use konn_protocol::server::limits::Refusal;
 use std::time::Duration;
 
 pub use konn_core::metrics::common::Segment;
@@ -106,6 +107,7 @@ struct Families {
     tls_reloads: DynamicCounterVec,
     lease_list_latency: DynamicHistogramVec,
     reverse: ReverseFamilies,
+    dial_refusals: CounterVec,
 }
 
 /// Why the agent refused or lost a reverse connection (`reason` of
@@ -120,6 +122,9 @@ pub enum ReverseRefusal {
 }
 
 const REVERSE_REASONS: [&str; 2] = ["no_tunnel", "refused"];
+
+/// `reason` labels of `konn_agent_dial_refusals_total`.
+const DIAL_REFUSAL_REASONS: [&str; 1] = [Refusal::DestinationNotAllowed.as_str()];
 
 impl Families {
     fn register(b: &mut RegistryBuilder) -> Self {
@@ -179,7 +184,14 @@ impl Families {
             &["listener", "result"],
         );
         let reverse = ReverseFamilies::register(b, &REVERSE_REASONS);
+        let dial_refusals = b.counter_vec(
+            "konn_agent_dial_refusals_total",
+            "Dials refused by the agent before connecting, by reason (destination_not_allowed: no resolved address is inside --allowed-destination-cidrs).",
+            &["reason"],
+            &[&DIAL_REFUSAL_REASONS],
+        );
         Self {
+            dial_refusals,
             tls_reloads,
             reverse,
             dial_duration,
@@ -342,6 +354,17 @@ impl AgentCoreMetrics {
     pub fn endpoint_dial_failures(&self, reason: DialFailureReason) -> LocalCounter<'_> {
         self.core
             .counter(self.families.dial_failures.series(&[reason as usize]))
+    }
+
+    /// `konn_agent_dial_refusals_total{reason}` (konn only; the one
+    /// reason the agent has: `destination_not_allowed`).
+    pub fn dial_refusals(&self, reason: Refusal) -> LocalCounter<'_> {
+        let slot = DIAL_REFUSAL_REASONS
+            .iter()
+            .position(|r| *r == reason.as_str())
+            .unwrap_or_default();
+        self.core
+            .counter(self.families.dial_refusals.series(&[slot]))
     }
 
     /// `dial_duration_seconds`: successful endpoint dials.

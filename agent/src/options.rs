@@ -133,6 +133,8 @@ pub struct AgentFlags {
     pub target: Vec<String>,
     /// `--bind-address` (konn: KEP-2025).
     pub bind_address: String,
+    /// `--allowed-destination-cidrs` (konn).
+    pub allowed_destination_cidrs: Vec<String>,
     /// `--drain-timeout` (konn): after the first signal, exit once no
     /// connection is open or this long has passed. Zero: wait for a second
     /// signal, as upstream.
@@ -176,6 +178,7 @@ impl AgentFlags {
             kube_api_content_type: "application/vnd.kubernetes.protobuf".to_owned(),
             target: Vec::new(),
             bind_address: String::new(),
+            allowed_destination_cidrs: Vec::new(),
             drain_timeout: GoDuration::from_std(Duration::ZERO),
         }
     }
@@ -347,6 +350,20 @@ impl AgentFlags {
             "konn: node-local address the --target listeners bind to (added to lo with host scope \
              when missing and the agent has CAP_NET_ADMIN; removed on exit).",
         );
+        let cidrs: Vec<&str> = self
+            .allowed_destination_cidrs
+            .iter()
+            .map(String::as_str)
+            .collect();
+        f.add_string_slice(
+            "allowed-destination-cidrs",
+            &cidrs,
+            "konn: destinations the control plane may dial through this agent: networks with an \
+             optional port or port range (10.0.0.0/8, 10.1.2.3, 10.0.0.0/8:443, \
+             10.0.0.0/8:8000-8999, [fd00::/8]:443). A name is resolved once and only its \
+             addresses inside the list are connected to; a dial with none is refused (DIAL_RSP \
+             error). Repeatable. Empty: every destination, as upstream.",
+        );
         f.add_duration(
             "drain-timeout",
             self.drain_timeout,
@@ -396,6 +413,7 @@ impl AgentFlags {
             kube_api_content_type: f.get_string("kube-api-content-type"),
             target: f.get_string_slice("target"),
             bind_address: f.get_string("bind-address"),
+            allowed_destination_cidrs: f.get_string_slice("allowed-destination-cidrs"),
             drain_timeout: f.get_duration("drain-timeout"),
         }
     }
@@ -446,6 +464,8 @@ impl AgentFlags {
         };
         let reverse = crate::reverse::ReverseSettings::parse(&self.target, &self.bind_address)
             .map_err(Error::Reverse)?;
+        let allowed_destinations = crate::allow::AllowList::parse(&self.allowed_destination_cidrs)
+            .map_err(Error::AllowedDestinations)?;
         let server_count_source = match self.server_count_source.as_str() {
             "" | "default" => ServerCountSource::Default,
             "max" => ServerCountSource::Max,
@@ -514,6 +534,7 @@ impl AgentFlags {
             xfr_channel_size,
             warn_on_channel_limit: self.warn_on_channel_limit,
             reverse,
+            allowed_destinations,
             drain_timeout: (!drain_timeout.is_zero()).then_some(drain_timeout),
             engine,
             warnings,
@@ -603,6 +624,8 @@ pub struct AgentOptions {
     pub warn_on_channel_limit: bool,
     /// `--target` and `--bind-address` (KEP-2025).
     pub reverse: crate::reverse::ReverseSettings,
+    /// `--allowed-destination-cidrs`.
+    pub allowed_destinations: crate::allow::AllowList,
     /// `--drain-timeout`: `None` waits for a second signal (upstream).
     pub drain_timeout: Option<Duration>,
     /// konn's engine flags.

@@ -161,6 +161,7 @@ impl AgentSettings {
             },
             warn_on_queue_limit: o.warn_on_channel_limit,
             reverse: o.reverse.enabled(),
+            allowed: std::sync::Arc::new(o.allowed_destinations.clone()),
             ..TunnelSettings::default()
         };
         let driver = DriverConfig {

@@ -65,6 +65,7 @@ const UPSTREAM: &[(&str, &str, &str)] = &[
 
 /// konn's own flags and their defaults.
 const KONN: &[(&str, &str, &str)] = &[
+    ("allowed-destination-cidrs", "stringSlice", "[]"),
     ("bind-address", "string", ""),
     ("conn-queue-size", "size", "1Mi"),
     ("drain-timeout", "duration", "0s"),

@@ -389,3 +389,23 @@ fn engine_flags_are_validated_too() {
     let e = err(validate(&["--h2-stream-window=1"]));
     assert!(matches!(e, Error::Flag(FlagError::Engine(_))), "{e}");
 }
+
+#[test]
+fn allowed_destination_cidrs() {
+    let o = validate(&[]).unwrap();
+    assert!(o.allowed_destinations.allows_all());
+    let o = validate(&[
+        "--allowed-destination-cidrs=10.0.0.0/8:443,192.168.1.7",
+        "--allowed-destination-cidrs=[fd00::/8]:8000-8999",
+    ])
+    .unwrap();
+    let ok = |a: &str| o.allowed_destinations.permits(a.parse().unwrap());
+    assert!(ok("10.9.9.9:443") && ok("192.168.1.7:22") && ok("[fd00::5]:8080"));
+    assert!(!ok("10.9.9.9:80") && !ok("192.168.1.8:22") && !ok("[fd00::5]:443"));
+    for bad in ["10.0.0.1/8", "127.1", "10.0.0.0/8:0", "[fe80::1%eth0]"] {
+        let arg = format!("--allowed-destination-cidrs={bad}");
+        let e = err(validate(&[&arg]));
+        assert!(matches!(e, Error::AllowedDestinations(_)), "{bad}: {e}");
+        assert!(e.to_string().contains(&arg), "{bad}: {e}");
+    }
+}

@@ -141,7 +141,10 @@ fn parse_host(s: &str) -> Result<Host, Error> {
     Ok(Host::Name(s.to_ascii_lowercase()))
 }
 
-fn parse_ipv4(s: &str) -> Option<Ipv4Addr> {
+/// A strict dotted-quad IPv4 address: four decimal octets `0`–`255`
+/// without leading zeros (the rule of [`Destination::parse`]; also used for
+/// the agent's `--allowed-destination-cidrs`).
+pub fn parse_ipv4(s: &str) -> Option<Ipv4Addr> {
     let mut octets = [0u8; 4];
     let mut parts = s.split('.');
     for o in &mut octets {

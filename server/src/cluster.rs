@@ -602,6 +602,15 @@ impl Cluster {
                         .reverse_dials(konn_core::metrics::common::ReverseResult::Ok)
                         .inc();
                 }
+                Action::DialRefused {
+                    frontend,
+                    reason,
+                    backend,
+                    ..
+                } => {
+                    tracing::debug!(frontend, backend, reason = reason.as_str(), "dial refused");
+                    self.all_metrics.dial_refusal(reason);
+                }
                 Action::DialFailed(why) => {
                     tracing::debug!(reason = ?failure_reason(why), "dial failed");
                     self.metrics.dial_failures(failure_reason(why)).inc();

@@ -479,6 +479,7 @@ pub async fn serve_connect(
     tracing::debug!(frontend = fid, %target, "CONNECT request");
     let random = worker.random();
     let dial = worker.dial_random();
+    crate::overload::before_dial(&cluster);
     cluster.router.borrow_mut().connect_request(
         konn_core::io::clock::now(),
         fid,

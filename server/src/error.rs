@@ -40,6 +40,9 @@ pub enum Error {
     /// A KEP-2025 flag (`--allowed-destination`, `--reverse-*`) is invalid;
     /// the text names the flag and the problem.
     Reverse(String),
+    /// A dial admission flag (`--max-*`, `--overload-memory-watermark`) is
+    /// invalid; the text names the flag and the problem.
+    Limits(String),
     /// Token authentication with one of its three flags empty.
     TokenAuthIncomplete(&'static str),
     /// `--proxy-strategies` names no strategy.
@@ -103,7 +106,7 @@ impl fmt::Display for Error {
                 f,
                 "--{flag}={port} is a reserved port (below 1024); choose a port from 1024 to 49151"
             ),
-            Self::Reverse(problem) => f.write_str(problem),
+            Self::Reverse(problem) | Self::Limits(problem) => f.write_str(problem),
             Self::TokenAuthWithClusterCa => f.write_str(
                 "--cluster-ca-cert cannot be combined with agent token authentication \
                  (--agent-namespace, --agent-service-account, --authentication-audience)",

@@ -299,6 +299,9 @@ impl Handler<Grpc> for FrontendConn {
                 c.metrics.stream_packets(Segment::FromClient, ty).inc();
                 w.forwarding.set(ty);
                 let framed = framed.unwrap_or_else(|| reframe(&msg));
+                if ty == PacketType::DialReq {
+                    crate::overload::before_dial(c);
+                }
                 c.router.borrow_mut().frontend_packet(
                     konn_core::io::clock::now(),
                     fid,

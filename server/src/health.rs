@@ -29,6 +29,11 @@
 //! "connections":{"open":3,"pending":1}}]}
 //! ```
 //!
+//! With admission limits on (docs/design/limits.md) each agent also has
+//! `"limits":{"connections":2,"refused":5}`: the connections and dials
+//! counted against its `--max-agent-connections` (all workers together)
+//! and its dials refused by any limit.
+//!
 //! `open` counts established end-to-end connections through that agent,
 //! `pending` dials sent to it and not answered yet; `draining` is true once
 //! the agent sent DRAIN; `worker` is the server worker (core) that holds
@@ -90,6 +95,10 @@ pub struct BackendInfo {
     pub connections_pending: u64,
     /// The worker holding the agent's tunnel.
     pub worker: usize,
+    /// With admission limits on (`--max-*`, `--overload-memory-watermark`):
+    /// the connections counted against the agent's limit and the dials of
+    /// it refused by a limit (docs/design/limits.md).
+    pub limits: Option<(u64, u64)>,
 }
 
 /// The identifiers an agent advertises (`agentidentifiers`: `host`,
@@ -325,9 +334,15 @@ fn agents_json(out: &mut String, mut agents: Vec<BackendInfo>) {
         out.push_str("},\"draining\":");
         out.push_str(if agent.draining { "true" } else { "false" });
         out.push_str(&format!(
-            ",\"worker\":{},\"connections\":{{\"open\":{},\"pending\":{}}}}}",
+            ",\"worker\":{},\"connections\":{{\"open\":{},\"pending\":{}}}",
             agent.worker, agent.connections_open, agent.connections_pending
         ));
+        if let Some((counted, refused)) = agent.limits {
+            out.push_str(&format!(
+                ",\"limits\":{{\"connections\":{counted},\"refused\":{refused}}}"
+            ));
+        }
+        out.push('}');
     }
     out.push(']');
 }
@@ -371,13 +386,15 @@ mod tests {
                 connections_open: 3,
                 connections_pending: 1,
                 worker: 1,
+                limits: Some((2, 5)),
             },
         ];
         assert_eq!(
             String::from_utf8(backends_json(agents)).unwrap(),
             "{\"agents\":[{\"id\":\"a\",\"identifiers\":{\"host\":[\"h1\",\"h2\"],\"ipv4\":[],\
              \"ipv6\":[],\"cidr\":[],\"defaultRoute\":true},\"draining\":true,\"worker\":1,\
-             \"connections\":{\"open\":3,\"pending\":1}},\
+             \"connections\":{\"open\":3,\"pending\":1},\
+             \"limits\":{\"connections\":2,\"refused\":5}},\
              {\"id\":\"b\\\"\\\\\\n\\u0001\",\"identifiers\":{\"host\":[],\"ipv4\":[],\"ipv6\":[],\
              \"cidr\":[],\"defaultRoute\":false},\"draining\":false,\"worker\":0,\
              \"connections\":{\"open\":0,\"pending\":0}}]}\n"

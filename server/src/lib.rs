@@ -17,6 +17,9 @@
 //! - [`frontend`]: gRPC frontends (`/ProxyService/Proxy` → frontends).
 //! - [`connect`]: HTTP CONNECT frontends.
 //! - [`budget`]: `--memory-budget` for data queued towards gRPC frontends.
+//! - [`overload`]: `--overload-memory-watermark`: new dials refused while
+//!   pooled memory in use is above it (the admission limits themselves are
+//!   sans-IO, `konn_protocol::server::limits`).
 //! - [`reverse`]: the reverse direction (KEP-2025): dialling allowed
 //!   control-plane destinations for agents.
 //! - [`serve`]: listeners, workers, cross-core announcements, migration.
@@ -34,6 +37,7 @@ pub mod health;
 pub mod kube;
 pub mod metrics;
 pub mod options;
+pub mod overload;
 pub mod reverse;
 pub mod serve;
 pub mod settings;

@@ -191,6 +191,7 @@ struct Families {
     clusters: GaugeVec,
     cluster_reloads: DynamicCounterVec,
     sni_refusals: DynamicCounterVec,
+    dial_refusals: DynamicCounterVec,
 }
 
 /// `reason` labels of `konn_reverse_refusals_total`, in
@@ -327,10 +328,16 @@ impl Families {
             "Agent connections refused before TLS by --clusters-config, by reason (no_server_name, unknown_server_name, not_tls, timeout).",
             &["reason"],
         );
+        let dial_refusals = b.dynamic_counter_vec(
+            "konn_server_dial_refusals_total",
+            "Dials refused before reaching an agent by konn's admission limits or overload manager, by reason (limit_agent_conns, limit_agent_rate, limit_dest_conns, limit_dest_rate, limit_frontend_conns, limit_frontend_rate, limit_cluster_conns, limit_cluster_rate, overload).",
+            &["reason"],
+        );
         Self {
             clusters,
             cluster_reloads,
             sni_refusals,
+            dial_refusals,
             budget_resets,
             tls_reloads,
             reverse,
@@ -431,6 +438,12 @@ impl ServerMetrics {
     pub fn sni_refusal(&self, reason: &str) {
         self.registry
             .dynamic_counter_add(self.families.sni_refusals, &[reason], 1);
+    }
+
+    /// `konn_server_dial_refusals_total{reason}` += 1.
+    pub fn dial_refusal(&self, reason: konn_protocol::server::limits::Refusal) {
+        self.registry
+            .dynamic_counter_add(self.families.dial_refusals, &[reason.as_str()], 1);
     }
 
     /// The registry (scrapes, `/metrics`).

@@ -397,6 +397,12 @@ impl ServerSettings {
                 core: 0,
                 dial_timeout: o.backend_dial_timeout,
                 reverse: reverse_router,
+                limits: o.limits.enabled().then(|| {
+                    std::sync::Arc::new(konn_protocol::server::limits::Limits::new(
+                        o.limits,
+                        konn_core::io::clock::now(),
+                    ))
+                }),
                 flow: FlowLimits::from_queue_size(
                     e.conn_queue_size,
                     e.stuck_timeout.unwrap_or(NEVER),

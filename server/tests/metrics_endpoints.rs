@@ -90,6 +90,7 @@ fn backends() -> Vec<BackendInfo> {
         connections_open: 3,
         connections_pending: 1,
         worker: 0,
+        limits: None,
     }]
 }
 

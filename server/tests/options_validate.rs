@@ -725,3 +725,59 @@ fn gce_style_configuration() {
     assert_eq!(o.agent_listener.port, 8132);
     assert!(matches!(o.frontend, Frontend::Uds { .. }));
 }
+
+#[test]
+fn admission_limits_are_off_by_default_and_checked() {
+    let ca = TempFile::new("ca");
+    let o = tcp(&ca, &[]).unwrap();
+    assert!(!o.limits.enabled(), "{:?}", o.limits);
+    let o = tcp(
+        &ca,
+        &[
+            "--max-agent-connections=3",
+            "--max-agent-dial-rate=4",
+            "--max-destination-connections=5",
+            "--max-destination-dial-rate=6",
+            "--max-frontend-connections=7",
+            "--max-frontend-dial-rate=8",
+            "--max-cluster-connections=9",
+            "--max-cluster-dial-rate=10",
+            "--memory-budget=100Mi",
+            "--overload-memory-watermark=0.5",
+        ],
+    )
+    .unwrap();
+    let l = o.limits;
+    assert_eq!(
+        (l.agent.max_conns, l.agent.rate, l.agent.burst),
+        (3, 4.0, 4)
+    );
+    assert_eq!((l.dest.max_conns, l.dest.rate), (5, 6.0));
+    assert_eq!((l.frontend.max_conns, l.frontend.rate), (7, 8.0));
+    assert_eq!((l.cluster.max_conns, l.cluster.rate), (9, 10.0));
+    assert_eq!(l.overload_high, 50 << 20);
+    assert_eq!(l.overload_low, (50 << 20) / 10 * 9);
+    for (bad, says) in [
+        ("--max-agent-connections=-1", "--max-agent-connections=-1"),
+        (
+            "--max-destination-dial-rate=-5",
+            "--max-destination-dial-rate=-5",
+        ),
+        (
+            "--max-cluster-connections=5000000000",
+            "--max-cluster-connections",
+        ),
+        (
+            "--overload-memory-watermark=1.5",
+            "--overload-memory-watermark=1.5",
+        ),
+        (
+            "--overload-memory-watermark=-0.1",
+            "--overload-memory-watermark",
+        ),
+    ] {
+        let e = err(tcp(&ca, &[bad]));
+        assert!(matches!(e, Error::Limits(_)), "{bad}: {e}");
+        assert!(e.to_string().contains(says), "{bad}: {e}");
+    }
+}

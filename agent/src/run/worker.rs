@@ -442,6 +442,12 @@ impl TunnelObserver for CoreObserver {
         }
     }
 
+    fn dial_refused(&self, reason: konn_protocol::server::limits::Refusal, _address: &str) {
+        if let Some(m) = &self.metrics {
+            m.dial_refusals(reason).inc();
+        }
+    }
+
     fn endpoint_opened(&self) {
         self.endpoints.set(self.endpoints.get() + 1);
         if let Some(m) = &self.metrics {

@@ -207,6 +207,9 @@ struct BudgetShared {
     /// Some pool found the budget empty; pools shed idle memory.
     pressure: CachePadded<AtomicBool>,
     exhausted: AtomicU64,
+    /// Buffers lent out by all pools, as each last published it at its
+    /// maintenance pass (the overload manager's measure).
+    in_use: CachePadded<AtomicUsize>,
 }
 
 /// Budget counters, for metrics.
@@ -236,6 +239,7 @@ impl MemoryBudget {
                 available: CachePadded::new(AtomicUsize::new(limit)),
                 pressure: CachePadded::new(AtomicBool::new(false)),
                 exhausted: AtomicU64::new(0),
+                in_use: CachePadded::new(AtomicUsize::new(0)),
             }),
         }
     }
@@ -261,6 +265,22 @@ impl MemoryBudget {
 
     fn under_pressure(&self) -> bool {
         self.shared.pressure.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of buffers lent out (in use, not idle or unspent credit) by
+    /// all pools, as of each pool's latest maintenance pass
+    /// ([`PoolConfig::maintenance_interval`]): one relaxed load.
+    pub fn in_use_bytes(&self) -> usize {
+        self.shared.in_use.load(Ordering::Relaxed) * BUF_CAPACITY
+    }
+
+    /// A pool's lent count went from `old` to `new` buffers.
+    fn publish_in_use(&self, old: usize, new: usize) {
+        if new > old {
+            self.shared.in_use.fetch_add(new - old, Ordering::Relaxed);
+        } else if old > new {
+            self.shared.in_use.fetch_sub(old - new, Ordering::Relaxed);
+        }
     }
 
     /// Reserves up to `want` buffers; returns how many were granted.
@@ -337,6 +357,8 @@ struct LocalPool {
     hits: u64,
     misses: u64,
     exhausted: u64,
+    /// Lent buffers as last published to the budget.
+    published_in_use: usize,
 }
 
 /// The buffers of one size.
@@ -444,6 +466,7 @@ impl BufPool {
                 hits: 0,
                 misses: 0,
                 exhausted: 0,
+                published_in_use: 0,
             })),
         }
     }
@@ -687,6 +710,9 @@ impl LocalPool {
     fn reclaim(&mut self) -> usize {
         let found = self.reclaim_all();
         self.trim();
+        let in_use: usize = self.classes.iter().map(|c| c.lent.len() * c.units).sum();
+        self.budget.publish_in_use(self.published_in_use, in_use);
+        self.published_in_use = in_use;
         found
     }
 
@@ -733,6 +759,7 @@ impl Drop for LocalPool {
         // stopped core does not shrink it for good.
         let held = self.credit + self.classes.iter().map(Class::held).sum::<usize>();
         self.budget.give(held);
+        self.budget.publish_in_use(self.published_in_use, 0);
     }
 }
 
@@ -741,6 +768,23 @@ mod tests {
     use bytes::BufMut;
 
     use super::*;
+
+    #[test]
+    fn in_use_is_published_at_reclaim_and_withdrawn_on_drop() {
+        let budget = MemoryBudget::new(64 * BUF_CAPACITY);
+        let pool = BufPool::new(&budget, &PoolConfig::default());
+        let a = pool.try_acquire().unwrap();
+        let b = pool.try_acquire().unwrap();
+        assert_eq!(budget.in_use_bytes(), 0, "published only at reclaim");
+        pool.reclaim();
+        assert_eq!(budget.in_use_bytes(), 2 * BUF_CAPACITY);
+        drop(a);
+        pool.reclaim();
+        assert_eq!(budget.in_use_bytes(), BUF_CAPACITY);
+        drop(pool);
+        assert_eq!(budget.in_use_bytes(), 0);
+        drop(b);
+    }
 
     fn pool(budget_buffers: usize) -> (MemoryBudget, BufPool) {
         let budget = MemoryBudget::new(budget_buffers * BUF_CAPACITY);

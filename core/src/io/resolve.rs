@@ -87,29 +87,33 @@ pub async fn resolve(address: &str) -> Result<Vec<SocketAddr>, DialError> {
 /// Dial `address` over TCP within `timeout` (resolution included), trying
 /// each resolved address in turn. `TCP_NODELAY` is set on success.
 pub async fn dial_tcp(address: &str, timeout: Duration) -> Result<TcpStream, DialError> {
-    let attempt = async {
-        let addrs = resolve(address).await?;
-        let mut last = DialError::Timeout;
-        for addr in addrs {
-            match TcpStream::connect_addr(addr).await {
-                Ok(s) => {
-                    let _ = s.set_nodelay(true);
-                    return Ok(s);
-                }
-                Err(e) => {
-                    last = DialError::Connect {
-                        addr,
-                        errno: e.raw_os_error().unwrap_or(0),
-                    };
-                }
-            }
-        }
-        Err(last)
-    };
+    let attempt = async { connect_any(resolve(address).await?).await };
     match monoio::time::timeout(timeout, attempt).await {
         Ok(r) => r,
         Err(_) => Err(DialError::Timeout),
     }
+}
+
+/// Connect to each of `addrs` in turn until one answers (no deadline of
+/// its own: the caller's bounds the whole attempt). `TCP_NODELAY` is set
+/// on success; with no address at all the error is [`DialError::Timeout`].
+pub async fn connect_any(addrs: Vec<SocketAddr>) -> Result<TcpStream, DialError> {
+    let mut last = DialError::Timeout;
+    for addr in addrs {
+        match TcpStream::connect_addr(addr).await {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) => {
+                last = DialError::Connect {
+                    addr,
+                    errno: e.raw_os_error().unwrap_or(0),
+                };
+            }
+        }
+    }
+    Err(last)
 }
 
 /// Go's wording of a failed `net.Dial("tcp", address)`, whose substrings

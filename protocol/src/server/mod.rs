@@ -2,4 +2,5 @@
 //! [`backends`] directory with the proxy strategies.
 
 pub mod backends;
+pub mod limits;
 pub mod router;

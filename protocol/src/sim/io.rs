@@ -419,7 +419,7 @@ impl Sim {
                     }
                 }
             }
-            Action::DialFailed(_) | Action::DialSucceeded(_) => {}
+            Action::DialFailed(_) | Action::DialRefused { .. } | Action::DialSucceeded(_) => {}
             // One core, and the reverse direction is not negotiated here.
             Action::Relay { .. }
             | Action::ReverseDial { .. }

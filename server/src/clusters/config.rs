@@ -485,6 +485,8 @@ impl Checker<'_> {
             }
         };
         let mut router = d.router.clone();
+        // Each cluster counts its own dials.
+        router.limits = router.limits.as_ref().map(|l| Arc::new(l.fresh()));
         if let Some(t) = &c.backend_dial_timeout {
             router.dial_timeout = self.duration(t, &format!("{f}.backendDialTimeout"))?;
         }

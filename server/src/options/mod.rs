@@ -186,6 +186,48 @@ pub struct ServerFlags {
     pub clusters_config: String,
     /// `--connect-header-timeout` (konn: HTTP CONNECT head deadline).
     pub connect_header_timeout: GoDuration,
+    /// konn's dial admission limits (`--max-*-connections`,
+    /// `--max-*-dial-rate`, `--overload-memory-watermark`).
+    pub limits: LimitFlags,
+}
+
+/// konn's dial admission flags (docs/design/limits.md); 0 is off.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LimitFlags {
+    /// `--max-agent-connections`.
+    pub agent_connections: i64,
+    /// `--max-agent-dial-rate`.
+    pub agent_dial_rate: i64,
+    /// `--max-destination-connections`.
+    pub destination_connections: i64,
+    /// `--max-destination-dial-rate`.
+    pub destination_dial_rate: i64,
+    /// `--max-frontend-connections`.
+    pub frontend_connections: i64,
+    /// `--max-frontend-dial-rate`.
+    pub frontend_dial_rate: i64,
+    /// `--max-cluster-connections`.
+    pub cluster_connections: i64,
+    /// `--max-cluster-dial-rate`.
+    pub cluster_dial_rate: i64,
+    /// `--overload-memory-watermark`, a fraction of `--memory-budget`.
+    pub overload_memory_watermark: f32,
+}
+
+impl LimitFlags {
+    /// Each flag's name with its value (the integer ones).
+    pub(crate) fn ints(&self) -> [(&'static str, i64); 8] {
+        [
+            ("max-agent-connections", self.agent_connections),
+            ("max-agent-dial-rate", self.agent_dial_rate),
+            ("max-destination-connections", self.destination_connections),
+            ("max-destination-dial-rate", self.destination_dial_rate),
+            ("max-frontend-connections", self.frontend_connections),
+            ("max-frontend-dial-rate", self.frontend_dial_rate),
+            ("max-cluster-connections", self.cluster_connections),
+            ("max-cluster-dial-rate", self.cluster_dial_rate),
+        ]
+    }
 }
 
 impl ServerFlags {
@@ -240,6 +282,7 @@ impl ServerFlags {
             reverse_dial_timeout: GoDuration::from_secs(10),
             clusters_config: String::new(),
             connect_header_timeout: GoDuration::from_secs(60),
+            limits: LimitFlags::default(),
         }
     }
 
@@ -292,6 +335,17 @@ impl ServerFlags {
             reverse_dial_timeout: f.get_duration("reverse-dial-timeout"),
             clusters_config: f.get_string("clusters-config"),
             connect_header_timeout: f.get_duration("connect-header-timeout"),
+            limits: LimitFlags {
+                agent_connections: f.get_int("max-agent-connections"),
+                agent_dial_rate: f.get_int("max-agent-dial-rate"),
+                destination_connections: f.get_int("max-destination-connections"),
+                destination_dial_rate: f.get_int("max-destination-dial-rate"),
+                frontend_connections: f.get_int("max-frontend-connections"),
+                frontend_dial_rate: f.get_int("max-frontend-dial-rate"),
+                cluster_connections: f.get_int("max-cluster-connections"),
+                cluster_dial_rate: f.get_int("max-cluster-dial-rate"),
+                overload_memory_watermark: f.get_float32("overload-memory-watermark"),
+            },
         }
     }
 
@@ -501,6 +555,8 @@ pub struct ServerOptions {
     pub backend_dial_timeout: Duration,
     /// KEP-2025: what agents may reach in the control plane.
     pub reverse: ReverseOptions,
+    /// Dial admission limits and the overload watermark (in bytes).
+    pub limits: konn_protocol::server::limits::LimitsConfig,
     /// `--clusters-config`: many clusters on this server.
     pub clusters_config: Option<PathBuf>,
     /// `--connect-header-timeout`; `None`: no deadline.

@@ -251,6 +251,66 @@ impl ServerFlags {
             self.reverse_dial_timeout,
             "konn: bound on resolving and connecting one --allowed-destination.",
         );
+        let l = &self.limits;
+        let limits: [(&str, i64, &str); 8] = [
+            (
+                "max-agent-connections",
+                l.agent_connections,
+                "connections (and dials in flight) per agent (agentid)",
+            ),
+            (
+                "max-agent-dial-rate",
+                l.agent_dial_rate,
+                "new dials per second per agent (also the burst)",
+            ),
+            (
+                "max-destination-connections",
+                l.destination_connections,
+                "connections (and dials in flight) per destination host",
+            ),
+            (
+                "max-destination-dial-rate",
+                l.destination_dial_rate,
+                "new dials per second per destination host (also the burst)",
+            ),
+            (
+                "max-frontend-connections",
+                l.frontend_connections,
+                "connections (and dials in flight) per frontend identity (a client certificate's subject; one identity for frontends on the Unix socket)",
+            ),
+            (
+                "max-frontend-dial-rate",
+                l.frontend_dial_rate,
+                "new dials per second per frontend identity (also the burst)",
+            ),
+            (
+                "max-cluster-connections",
+                l.cluster_connections,
+                "connections (and dials in flight) per cluster, all agents together",
+            ),
+            (
+                "max-cluster-dial-rate",
+                l.cluster_dial_rate,
+                "new dials per second per cluster (also the burst)",
+            ),
+        ];
+        for (name, value, what) in limits {
+            f.add_int(
+                name,
+                value,
+                &format!(
+                    "konn: {what}; a dial over it is refused (gRPC: DIAL_RSP error, CONNECT: 503). \
+                     0: no limit."
+                ),
+            );
+        }
+        f.add_float32(
+            "overload-memory-watermark",
+            l.overload_memory_watermark,
+            "konn: a fraction of --memory-budget (0 < x <= 1); while pooled buffers in use exceed \
+             it, new dials are refused (gRPC: DIAL_RSP error, CONNECT: 503) and established \
+             connections keep flowing; dials are admitted again below 90% of it. 0: off.",
+        );
         f.add_string(
             "clusters-config",
             &self.clusters_config,

@@ -11,6 +11,7 @@ use konn_core::cli::engine::EngineFlags;
 use konn_core::io::tls::TlsMinVersion;
 use konn_core::io::tls::config::default_provider;
 use konn_core::io::tls::suites::cipher_suites_from_go_names;
+use konn_protocol::server::limits::{Limit, LimitsConfig};
 
 use super::{
     AgentListener, DEFAULT_BACKEND_DIAL_TIMEOUT, Frontend, KubeClient, LeaseController, MODE_GRPC,
@@ -244,6 +245,7 @@ impl ServerFlags {
                 backend_dial_timeout
             },
             reverse: self.reverse()?,
+            limits: self.limits(engine.memory_budget)?,
             clusters_config: non_empty_path(&self.clusters_config),
             connect_header_timeout: (!connect_header_timeout.is_zero())
                 .then_some(connect_header_timeout),
@@ -312,6 +314,45 @@ impl ServerFlags {
         };
         opts.settings()?;
         Ok(opts)
+    }
+}
+
+impl ServerFlags {
+    /// konn's admission flags, checked (none negative, the watermark a
+    /// fraction), as the router's limits; `memory_budget` turns the
+    /// watermark into bytes.
+    fn limits(&self, memory_budget: usize) -> Result<LimitsConfig, Error> {
+        let mut v = [0u32; 8];
+        for (slot, (flag, value)) in v.iter_mut().zip(self.limits.ints()) {
+            *slot = u32::try_from(value).map_err(|_| {
+                Error::Limits(format!(
+                    "--{flag}={value}: must be between 0 (no limit) and {}",
+                    u32::MAX
+                ))
+            })?;
+        }
+        let w = self.limits.overload_memory_watermark;
+        if !(0.0..=1.0).contains(&w) {
+            return Err(Error::Limits(format!(
+                "--overload-memory-watermark={w}: must be a fraction of --memory-budget from 0 \
+                 (off) to 1"
+            )));
+        }
+        let limit = |conns: u32, rate: u32| Limit {
+            max_conns: conns,
+            rate: f64::from(rate),
+            burst: rate,
+        };
+        let [ac, ar, dc, dr, fc, fr, cc, cr] = v;
+        let high = (memory_budget as f64 * f64::from(w)) as usize;
+        Ok(LimitsConfig {
+            agent: limit(ac, ar),
+            dest: limit(dc, dr),
+            frontend: limit(fc, fr),
+            cluster: limit(cc, cr),
+            overload_high: high,
+            overload_low: high / 10 * 9,
+        })
     }
 }
 

@@ -641,6 +641,10 @@ fn backend_infos(cluster: &Cluster) -> Vec<BackendInfo> {
                 connections_open: open,
                 connections_pending: pending,
                 worker: e.core,
+                limits: cluster.settings.router.limits.as_ref().map(|l| {
+                    let (counted, refused) = l.agent_load(&e.agent_id);
+                    (u64::from(counted), refused)
+                }),
             }
         })
         .collect()

@@ -52,6 +52,11 @@
 //! too many control replies queued ([`Connection::wants_read`]) and resumes
 //! when the writer has flushed them.
 //!
+//! **Fairness.** A connection yields to the worker's other tasks after
+//! [`READS_PER_TURN`] reads, so one busy tunnel cannot keep a core from
+//! its other connections (under epoll, reads of a ready socket complete
+//! without yielding).
+//!
 //! **Timers.** Input and commands usually only move the keepalive deadline
 //! later; the timer task is woken only when a deadline comes sooner than the
 //! one it sleeps towards.
@@ -77,6 +82,14 @@ pub use session::{Handler, Session};
 
 /// How much TLS ciphertext to read per read call.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// Reads one connection may do before it lets the worker's other tasks
+/// run (fairness, docs/design/limits.md). Under epoll a read of a socket
+/// with data waiting completes without yielding, so a tunnel whose peer
+/// always has more to send would otherwise keep its core until its socket
+/// ran dry; io_uring yields on every read anyway. 16 reads are at most
+/// 1 MiB of TLS ciphertext or 16 pooled buffers of plaintext per turn.
+pub const READS_PER_TURN: u32 = 16;
 
 /// Room below which a pooled read buffer is replaced (see
 /// `Conn::make_room`): reads never shrink below this.
@@ -578,6 +591,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
     ) -> Result<(), Error> {
         let tls = self.tls.borrow().is_some();
         let mut relaxed = false;
+        let mut turn = 0u32;
         loop {
             // Process what is buffered first (reading may have paused).
             if self.session.borrow().h2().wants_read() {
@@ -637,6 +651,12 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 buf.reserve(READ_CHUNK);
             } else if !self.make_room(buf, true).await? {
                 return Ok(());
+            }
+            turn += 1;
+            if turn > READS_PER_TURN {
+                // Fairness: the worker's other connections get their turn.
+                turn = 0;
+                super::runtime::yield_now().await;
             }
             let len = buf.len();
             let want = buf.capacity() - len;

@@ -254,6 +254,9 @@ impl Router {
                 };
                 f.established
                     .retain(|&(b, c)| !(b == id && c == connect_id));
+                if f.established.is_empty() {
+                    f.permits.clear();
+                }
                 f.paused = false;
                 let held = std::mem::take(&mut f.held);
                 if held > 0 {
@@ -304,7 +307,7 @@ impl Router {
         framed: Bytes,
     ) {
         // Only the backend the dial went to may answer it.
-        let Some(p) = self.take_pending(random, |p| p.backend == id) else {
+        let Some(mut p) = self.take_pending(random, |p| p.backend == id) else {
             self.actions
                 .push_back(Action::DialFailed(DialFailure::UnrecognizedResponse));
             if connect_id != 0 {
@@ -357,6 +360,7 @@ impl Router {
         if let Some(f) = self.frontends.get_mut(&fid) {
             f.established.push((id, connect_id));
             f.rx_backend.get_or_insert(id);
+            f.permits.push(std::mem::take(&mut p.permit));
         }
         self.actions.push_back(Action::DialSucceeded(
             now.saturating_duration_since(p.started),

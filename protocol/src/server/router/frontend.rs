@@ -12,6 +12,14 @@ impl Router {
         self.frontends.insert(id, Frontend::new(kind));
     }
 
+    /// Name the client of a frontend for the per-frontend limits (the
+    /// IO layer's identity: a client certificate's subject, …).
+    pub fn set_frontend_identity(&mut self, id: FrontendId, identity: &str) {
+        if let Some(f) = self.frontends.get_mut(&id) {
+            f.identity = identity.into();
+        }
+    }
+
     /// A packet from a gRPC frontend. `framed` is its received gRPC message;
     /// `random` seeds backend selection.
     pub fn frontend_packet(
@@ -176,6 +184,7 @@ impl Router {
             self.reverse_forgotten(&f);
             self.release_rx(&mut f);
             f.established.clear();
+            f.permits.clear();
             f.done = true;
             f.paused = false;
             if f.held > 0 {
@@ -273,6 +282,23 @@ impl Router {
             }
             return;
         };
+        let admitted = match &self.cfg.limits {
+            None => Ok(Permit::default()),
+            Some(l) => l.admit(
+                now,
+                &entry.agent_id,
+                dest_host(address),
+                self.frontends.get(&id).map_or("", |f| &f.identity),
+            ),
+        };
+        let permit = match admitted {
+            Ok(p) => p,
+            Err(reason) => {
+                let backend = entry.id;
+                self.refuse_dial(id, kind, dial, reason, backend, address);
+                return;
+            }
+        };
         let backend = entry.id;
         if entry.core != self.cfg.core && !self.backends.contains_key(&backend) {
             // A tunnel of another core: flows through it are relayed.
@@ -320,6 +346,7 @@ impl Router {
             dial,
             Pending {
                 frontend: id,
+                permit,
                 backend,
                 started: now,
                 deadline: now + self.cfg.dial_timeout,
@@ -334,6 +361,35 @@ impl Router {
             }),
         };
         self.send_backend(backend, payload);
+    }
+
+    /// Refuse a dial at admission: a DIAL_RSP error to a gRPC frontend, 503
+    /// to a CONNECT one; [`Action::DialRefused`] for metrics and audit.
+    fn refuse_dial(
+        &mut self,
+        fid: FrontendId,
+        kind: FrontendKind,
+        random: i64,
+        reason: Refusal,
+        backend: BackendId,
+        address: &str,
+    ) {
+        self.actions.push_back(Action::DialRefused {
+            frontend: fid,
+            reason,
+            backend,
+            address: address.into(),
+        });
+        match kind {
+            FrontendKind::Grpc => self.send_dial_error(fid, random, &reason.message()),
+            FrontendKind::HttpConnect | FrontendKind::Reverse => {
+                self.actions.push_back(Action::ConnectFailed {
+                    frontend: fid,
+                    response: refused_response(reason),
+                });
+                self.forget_frontend(fid);
+            }
+        }
     }
 
     /// End a dial with an error towards its frontend.

@@ -58,7 +58,9 @@ use crate::flow::{FlowLimits, FlowRx, Signal, Step};
 use bytes::Bytes;
 use konn_frames::packet::{ByteStr, Packet, PacketType};
 
-use crate::server::backends::{BackendId, Directory, Entry, Identifiers};
+use crate::server::backends::{BackendId, Directory, Entry, Identifiers, dest_host};
+use crate::server::limits::{Limits, Permit, Refusal};
+use std::sync::Arc;
 
 /// Identity of one frontend: unique per server process.
 pub type FrontendId = u64;
@@ -240,6 +242,19 @@ pub enum Action {
     ReverseDialed,
     /// A dial failed (metrics).
     DialFailed(DialFailure),
+    /// A dial was refused by a limit or the overload manager before it
+    /// reached an agent (metrics, audit). The frontend already got its
+    /// answer (DIAL_RSP error / CONNECT 503).
+    DialRefused {
+        /// The frontend refused.
+        frontend: FrontendId,
+        /// Why.
+        reason: Refusal,
+        /// The agent the dial would have gone to.
+        backend: BackendId,
+        /// The dial's address, as the frontend sent it.
+        address: Box<str>,
+    },
     /// A dial succeeded after this long (metrics: `dial_duration_seconds`).
     DialSucceeded(Duration),
 }
@@ -291,6 +306,9 @@ pub struct RouterConfig {
     pub flow: FlowLimits,
     /// The reverse direction (KEP-2025): allow-list and per-agent limits.
     pub reverse: ReverseConfig,
+    /// Dial admission limits and the overload flag, shared by the
+    /// cluster's routers on every core (`None`: all off).
+    pub limits: Option<Arc<Limits>>,
 }
 
 impl Default for RouterConfig {
@@ -302,6 +320,7 @@ impl Default for RouterConfig {
             max_pending_per_backend: 4096,
             flow: FlowLimits::default(),
             reverse: ReverseConfig::default(),
+            limits: None,
         }
     }
 }
@@ -310,6 +329,9 @@ impl Default for RouterConfig {
 #[derive(Debug)]
 struct Pending {
     frontend: FrontendId,
+    /// Its hold on the admission limits (moves to the frontend when the
+    /// dial succeeds).
+    permit: Permit,
     backend: BackendId,
     started: Instant,
     deadline: Instant,
@@ -340,6 +362,12 @@ struct Frontend {
     paused: bool,
     /// Frontend credit held while paused.
     held: usize,
+    /// The client's identity for the per-frontend limits (empty: not
+    /// authenticated).
+    identity: Box<str>,
+    /// Admission permits of its established connections (released when
+    /// they are all closed or the frontend goes).
+    permits: Vec<Permit>,
 }
 
 impl Frontend {
@@ -355,6 +383,8 @@ impl Frontend {
             rx_backend: None,
             paused: false,
             held: 0,
+            identity: Box::default(),
+            permits: Vec::new(),
         }
     }
 }
@@ -605,7 +635,7 @@ mod responses;
 mod reverse;
 
 use relay::relay_target;
-use responses::{DialFail, no_tunnel_response, raw_response};
+use responses::{DialFail, no_tunnel_response, raw_response, refused_response};
 pub use responses::{dial_error_response, dial_error_status};
 use reverse::ReverseState;
 pub use reverse::{REVERSE_REFUSED, ReverseConfig, ReverseRefusal};

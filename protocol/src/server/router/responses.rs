@@ -28,6 +28,13 @@ pub(super) fn raw_response(code: u16, body: &str) -> Bytes {
     ))
 }
 
+/// The response to a CONNECT refused by a limit or the overload manager:
+/// 503, the status upstream uses when the server itself is short of
+/// resources (`too many open files`).
+pub(super) fn refused_response(reason: crate::server::limits::Refusal) -> Bytes {
+    raw_response(503, &reason.message())
+}
+
 /// The response for a DIAL_RSP error, as upstream writes it with Go's
 /// `http.Response.Write` (unknown body length → `Connection: close`).
 pub fn dial_error_response(error: &str) -> Bytes {

@@ -1446,3 +1446,162 @@ fn reverse_connections_end_with_their_tunnel_and_late_dials_are_dropped() {
     assert_eq!(r.reverse_dialed(1, 8, 501), None, "the tunnel went");
     assert_eq!(r.stats(), RouterStats::default());
 }
+
+fn limited(cfg: crate::server::limits::LimitsConfig) -> (Router, Arc<Limits>) {
+    let limits = Arc::new(Limits::new(cfg, t0()));
+    let r = Router::new(
+        RouterConfig {
+            limits: Some(limits.clone()),
+            ..RouterConfig::default()
+        },
+        Directory::new(vec![Strategy::Default]),
+    );
+    (r, limits)
+}
+
+#[test]
+fn agent_connection_limit_refuses_grpc_with_a_dial_rsp_and_releases_on_close() {
+    let mut cfg = crate::server::limits::LimitsConfig::default();
+    cfg.agent.max_conns = 1;
+    let (mut r, limits) = limited(cfg);
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(42));
+    from_backend(&mut r, t0(), 1, dial_rsp(42, 7, ""));
+    actions(&mut r);
+    assert_eq!(limits.agent_load("agent-1"), (1, 0));
+    // A second frontend's dial is refused at admission: never reaches the
+    // agent, answered with a DIAL_RSP error.
+    r.frontend_opened(11, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 11, dial_req(43));
+    let acts = actions(&mut r);
+    assert!(to_backend_packets(&acts).is_empty());
+    assert!(acts.iter().any(|a| matches!(
+        a,
+        Action::DialRefused {
+            frontend: 11,
+            reason: Refusal::AgentConns,
+            backend: 1,
+            ..
+        }
+    )));
+    assert_eq!(
+        to_frontend_packets(&acts),
+        vec![(
+            11,
+            Packet::DialRsp {
+                error: ByteStr::from("konn: dial refused: limit_agent_conns".to_owned()),
+                connect_id: 0,
+                random: 43
+            }
+        )]
+    );
+    assert_eq!(limits.agent_load("agent-1"), (1, 1));
+    // CLOSE_RSP of the first connection frees the slot.
+    from_frontend(&mut r, t0(), 10, Packet::CloseReq { connect_id: 7 });
+    let close_rsp = Packet::CloseRsp {
+        connect_id: 7,
+        error: ByteStr::new(),
+    };
+    from_backend(&mut r, t0(), 1, close_rsp);
+    actions(&mut r);
+    assert_eq!(limits.agent_load("agent-1").0, 0);
+    r.frontend_opened(12, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 12, dial_req(44));
+    assert_eq!(to_backend_packets(&actions(&mut r)).len(), 1);
+    // A failed or cancelled pending dial releases too.
+    r.frontend_gone(12);
+    assert_eq!(limits.agent_load("agent-1").0, 0);
+    r.check_invariants().unwrap();
+}
+
+#[test]
+fn destination_rate_refuses_connect_with_503_and_lets_other_hosts_through() {
+    let mut cfg = crate::server::limits::LimitsConfig::default();
+    cfg.dest.rate = 1.0;
+    cfg.dest.burst = 1;
+    let (mut r, _) = limited(cfg);
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 10, "10.0.0.5:10250", 1, 0);
+    assert_eq!(to_backend_packets(&actions(&mut r)).len(), 1);
+    r.frontend_opened(11, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 11, "10.0.0.5:22", 2, 0);
+    let acts = actions(&mut r);
+    let refused = acts.iter().find_map(|a| match a {
+        Action::ConnectFailed {
+            frontend: 11,
+            response,
+        } => Some(response.clone()),
+        _ => None,
+    });
+    let refused = String::from_utf8(refused.unwrap().to_vec()).unwrap();
+    assert!(
+        refused.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{refused}"
+    );
+    assert!(refused.ends_with("konn: dial refused: limit_dest_rate"));
+    assert!(to_backend_packets(&acts).is_empty());
+    r.frontend_opened(12, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 12, "10.0.0.6:22", 3, 0);
+    assert_eq!(to_backend_packets(&actions(&mut r)).len(), 1);
+    r.check_invariants().unwrap();
+}
+
+#[test]
+fn frontend_identity_limit_and_overload() {
+    let cfg = crate::server::limits::LimitsConfig {
+        frontend: crate::server::limits::Limit {
+            max_conns: 1,
+            ..Default::default()
+        },
+        overload_high: 100,
+        overload_low: 50,
+        ..Default::default()
+    };
+    let (mut r, limits) = limited(cfg);
+    with_agent(&mut r, 1);
+    for (fid, who) in [
+        (10, "apiserver-a"),
+        (11, "apiserver-a"),
+        (12, "apiserver-b"),
+    ] {
+        r.frontend_opened(fid, FrontendKind::Grpc);
+        r.set_frontend_identity(fid, who);
+    }
+    from_frontend(&mut r, t0(), 10, dial_req(1));
+    from_frontend(&mut r, t0(), 11, dial_req(2));
+    from_frontend(&mut r, t0(), 12, dial_req(3));
+    let acts = actions(&mut r);
+    assert_eq!(to_backend_packets(&acts).len(), 2);
+    assert!(acts.iter().any(|a| matches!(
+        a,
+        Action::DialRefused {
+            frontend: 11,
+            reason: Refusal::FrontendConns,
+            backend: 1,
+            ..
+        }
+    )));
+    // Overloaded: a new dial is refused; the pending one still completes.
+    assert!(limits.observe_memory(101));
+    r.frontend_opened(13, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 13, dial_req(4));
+    from_backend(&mut r, t0(), 1, dial_rsp(1, 7, ""));
+    let acts = actions(&mut r);
+    assert!(acts.iter().any(|a| matches!(
+        a,
+        Action::DialRefused {
+            frontend: 13,
+            reason: Refusal::Overload,
+            backend: 1,
+            ..
+        }
+    )));
+    assert!(to_frontend_packets(&acts).contains(&(10, dial_rsp(1, 7, ""))));
+    assert!(!limits.observe_memory(10));
+    r.frontend_opened(14, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 14, dial_req(5));
+    assert_eq!(to_backend_packets(&actions(&mut r)).len(), 1);
+    r.check_invariants().unwrap();
+}

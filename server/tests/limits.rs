@@ -1,0 +1,423 @@
+//! Acceptance: konn's dial admission limits, the overload manager and the
+//! agent's `--allowed-destination-cidrs` (docs/design/limits.md), on real
+//! sockets in both frontend modes and under each io engine.
+//!
+//! - Each limit refuses the dial over it with its documented answer
+//!   (gRPC: `DIAL_RSP{error:"konn: dial refused: <reason>"}`, CONNECT: 503
+//!   with that text) and lets the others through; a released connection
+//!   makes room again.
+//! - Above the memory watermark new dials are refused (`overload`) while an
+//!   established transfer goes on to its last byte; once it drained, dials
+//!   are admitted again.
+//! - An agent with an allow-list refuses a destination outside it (also
+//!   when named by a host name that resolves there) with upstream's
+//!   DIAL_RSP error shape (CONNECT: 502, as any agent dial error), and
+//!   dials the one inside.
+//!
+//! Each scenario ends with the leak check of `e2e_common::assert_idle`.
+
+mod e2e_common;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use e2e_common::*;
+use konn_core::io::runtime::{Engine, available_engines, block_on};
+use konn_protocol::server::backends::Strategy;
+use konn_protocol::server::limits::{Limit, Limits, LimitsConfig};
+use konn_server::settings::Mode;
+use konn_testkit::connect::ConnectTunnel;
+use konn_testkit::dest::Destination;
+use konn_testkit::frontend::{GrpcFrontend, Tunnel};
+
+const MODES: [Mode; 2] = [Mode::Grpc, Mode::HttpConnect];
+const A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+const B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+
+/// An open connection through the server.
+enum Held {
+    Grpc(GrpcFrontend, Tunnel),
+    Connect(ConnectTunnel),
+}
+
+impl Held {
+    /// Echo a few bytes through it.
+    async fn echo(&mut self) {
+        match self {
+            Self::Grpc(_, t) => {
+                t.write(b"ping").await.unwrap();
+                assert_eq!(t.read_exact(4, T).await.unwrap(), b"ping");
+            }
+            Self::Connect(c) => {
+                c.write(b"ping").await.unwrap();
+                assert_eq!(c.read_exact(4, T).await.unwrap(), b"ping");
+            }
+        }
+    }
+
+    async fn close(self) {
+        match self {
+            Self::Grpc(fe, t) => {
+                let _ = t.close(T).await;
+                fe.close().await;
+            }
+            Self::Connect(c) => c.close().await,
+        }
+    }
+}
+
+/// Dial `target`: the open connection, or the failure as the frontend saw
+/// it (gRPC: the DIAL_RSP error; CONNECT: status and whole response).
+async fn open(mode: Mode, frontend: &FrontendAddr, target: &str) -> Result<Held, (u16, String)> {
+    match mode {
+        Mode::Grpc => {
+            let fe = frontend.grpc().await.unwrap();
+            match fe.dial(target, T).await {
+                Ok(t) => Ok(Held::Grpc(fe, t)),
+                Err(konn_testkit::Error::DialFailed(e)) => {
+                    fe.close().await;
+                    Err((0, e))
+                }
+                Err(e) => panic!("dial {target}: {e}"),
+            }
+        }
+        Mode::HttpConnect => match frontend.connect(target).await {
+            Ok(c) => Ok(Held::Connect(c)),
+            Err(konn_testkit::Error::Refused { status, response }) => Err((status, response)),
+            Err(e) => panic!("CONNECT {target}: {e}"),
+        },
+    }
+}
+
+/// What a frontend gets for a dial refused by the server for `reason`.
+fn refusal(mode: Mode, reason: &str) -> (u16, String) {
+    let text = format!("konn: dial refused: {reason}");
+    match mode {
+        Mode::Grpc => (0, text),
+        Mode::HttpConnect => (
+            503,
+            format!(
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{text}"
+            ),
+        ),
+    }
+}
+
+/// Open `target`, which must succeed, and echo through it.
+async fn open_ok(mode: Mode, frontend: &FrontendAddr, target: &str) -> Held {
+    let mut h = open(mode, frontend, target)
+        .await
+        .unwrap_or_else(|e| panic!("{mode:?} {target}: {e:?}"));
+    h.echo().await;
+    h
+}
+
+/// Dial `target` until it is admitted (a released permit reaches the
+/// server a little after the frontend saw its connection end).
+async fn open_eventually(mode: Mode, frontend: &FrontendAddr, target: &str) -> Held {
+    let deadline = konn_core::io::clock::now() + T;
+    loop {
+        match open(mode, frontend, target).await {
+            Ok(mut h) => {
+                h.echo().await;
+                return h;
+            }
+            Err(e) => assert!(
+                konn_core::io::clock::now() < deadline,
+                "{mode:?} {target} still refused: {e:?}"
+            ),
+        }
+        monoio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// A server with `cfg` (destHost: agent `a` serves 127.0.0.2, agent `b`
+/// 127.0.0.3) runs `scenario` with the two destinations' addresses, then
+/// the leak check.
+fn with_limits(
+    engine: Engine,
+    mode: Mode,
+    cfg: LimitsConfig,
+    scenario: impl AsyncFnOnce(&FrontendAddr, String, String),
+) {
+    let what = format!("{mode:?} on {engine}, {cfg:?}");
+    let before = Baseline::take();
+    let dir = TempDir::new("limits");
+    let dest_a = Destination::echo_on(A).unwrap();
+    let dest_b = Destination::echo_on(B).unwrap();
+    let limits = Arc::new(Limits::new(cfg, konn_core::io::clock::now()));
+    let mut server = ServerSpec {
+        strategies: vec![Strategy::DestHost],
+        tweak: Some(Box::new(move |s| s.router.limits = Some(limits))),
+        ..ServerSpec::new(engine, mode, Transport::Unix, &dir)
+    }
+    .start();
+    let mut a = server.agent("a", "ipv4=127.0.0.2", None);
+    let mut b = server.agent("b", "ipv4=127.0.0.3", None);
+    wait_backends(&server, 2);
+    let idle = Baseline::take();
+    let frontend = server.frontend();
+    block_on(
+        engine,
+        scenario(
+            &frontend,
+            dest_a.addr().to_string(),
+            dest_b.addr().to_string(),
+        ),
+    )
+    .unwrap();
+    assert_idle(&server, &[&a, &b], idle, &what);
+    a.stop();
+    b.stop();
+    server.stop();
+    drop((dir, dest_a, dest_b));
+    assert_released(before, &format!("{what}, stopped"));
+}
+
+fn refusals(server_scrape: &str, reason: &str) -> f64 {
+    metric(
+        server_scrape,
+        &format!("konn_server_dial_refusals_total{{reason=\"{reason}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn agent_connection_limit_refuses_only_that_agents_dials() {
+    let _serial = serial();
+    for engine in available_engines() {
+        for mode in MODES {
+            let cfg = LimitsConfig {
+                agent: Limit {
+                    max_conns: 1,
+                    ..Limit::default()
+                },
+                ..LimitsConfig::default()
+            };
+            with_limits(engine, mode, cfg, async |fe, a, b| {
+                let held = open_ok(mode, fe, &a).await;
+                assert_eq!(
+                    open(mode, fe, &a).await.err(),
+                    Some(refusal(mode, "limit_agent_conns"))
+                );
+                // Agent b is not limited by a's connections.
+                open_ok(mode, fe, &b).await.close().await;
+                held.close().await;
+                open_eventually(mode, fe, &a).await.close().await;
+            });
+        }
+    }
+}
+
+#[test]
+fn destination_rate_limit_refuses_only_that_host() {
+    let _serial = serial();
+    for engine in available_engines() {
+        for mode in MODES {
+            let cfg = LimitsConfig {
+                dest: Limit {
+                    rate: 0.5,
+                    burst: 1,
+                    ..Limit::default()
+                },
+                ..LimitsConfig::default()
+            };
+            with_limits(engine, mode, cfg, async |fe, a, b| {
+                open_ok(mode, fe, &a).await.close().await;
+                assert_eq!(
+                    open(mode, fe, &a).await.err(),
+                    Some(refusal(mode, "limit_dest_rate"))
+                );
+                open_ok(mode, fe, &b).await.close().await;
+            });
+        }
+    }
+}
+
+#[test]
+fn cluster_connection_limit_counts_every_agent() {
+    let _serial = serial();
+    for engine in available_engines() {
+        for mode in MODES {
+            let cfg = LimitsConfig {
+                cluster: Limit {
+                    max_conns: 2,
+                    ..Limit::default()
+                },
+                ..LimitsConfig::default()
+            };
+            with_limits(engine, mode, cfg, async |fe, a, b| {
+                let one = open_ok(mode, fe, &a).await;
+                let two = open_ok(mode, fe, &b).await;
+                for target in [&a, &b] {
+                    assert_eq!(
+                        open(mode, fe, target).await.err(),
+                        Some(refusal(mode, "limit_cluster_conns"))
+                    );
+                }
+                one.close().await;
+                let three = open_eventually(mode, fe, &b).await;
+                two.close().await;
+                three.close().await;
+            });
+        }
+    }
+}
+
+/// Bytes the stalled download asks for: more than the kernel's socket
+/// buffers on loopback, so the server's queue for the frontend fills.
+const DOWNLOAD: u64 = 48 << 20;
+
+#[test]
+fn overload_refuses_new_dials_while_established_ones_drain_then_recovers() {
+    let _serial = serial();
+    for engine in available_engines() {
+        for mode in MODES {
+            let what = format!("overload, {mode:?} on {engine}");
+            let before = Baseline::take();
+            let dir = TempDir::new("overload");
+            let source = Destination::source().unwrap();
+            let echo = Destination::echo().unwrap();
+            // A stalled flow queues up to its PAUSE mark (half of
+            // --conn-queue-size: 512 KiB) at the server, well above this;
+            // an idle server has no buffer lent between reads.
+            let cfg = LimitsConfig {
+                overload_high: 256 << 10,
+                overload_low: 128 << 10,
+                ..LimitsConfig::default()
+            };
+            let limits = Arc::new(Limits::new(cfg, konn_core::io::clock::now()));
+            let seen = limits.clone();
+            let mut server = ServerSpec {
+                tweak: Some(Box::new(move |s| s.router.limits = Some(limits))),
+                ..ServerSpec::new(engine, mode, Transport::Unix, &dir)
+            }
+            .start();
+            let mut agent = server.agent("a", "", None);
+            wait_backends(&server, 1);
+            let idle = Baseline::take();
+            let fe = server.frontend();
+            let (src, dst) = (source.addr().to_string(), echo.addr().to_string());
+            block_on(engine, async {
+                open_ok(mode, &fe, &dst).await.close().await;
+                // A download nobody reads yet.
+                let mut head = DOWNLOAD.to_be_bytes().to_vec();
+                head.extend_from_slice(&7u64.to_be_bytes());
+                let mut stalled = open(mode, &fe, &src).await.unwrap();
+                match &mut stalled {
+                    Held::Grpc(_, t) => t.write(&head).await.unwrap(),
+                    Held::Connect(c) => c.write(&head).await.unwrap(),
+                }
+                // New dials are refused once the queued data passes the
+                // watermark (seen at the pools' next maintenance pass).
+                let deadline = konn_core::io::clock::now() + T;
+                loop {
+                    match open(mode, &fe, &dst).await {
+                        Err(e) => {
+                            assert_eq!(e, refusal(mode, "overload"), "{what}");
+                            break;
+                        }
+                        Ok(h) => h.close().await,
+                    }
+                    assert!(
+                        konn_core::io::clock::now() < deadline,
+                        "{what}: never overloaded"
+                    );
+                    monoio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                assert!(seen.overloaded());
+                // The established download goes on, to its last byte.
+                let mut got = 0u64;
+                let mut check = konn_testkit::bulk::Pattern::new(7);
+                while got < DOWNLOAD {
+                    let chunk = match &mut stalled {
+                        Held::Grpc(_, t) => t.read(T).await.unwrap(),
+                        Held::Connect(c) => c.read(T).await.unwrap(),
+                    }
+                    .unwrap_or_else(|| panic!("{what}: ended after {got} bytes"));
+                    let mut expect = vec![0u8; chunk.len()];
+                    check.fill(&mut expect);
+                    assert!(chunk[..] == expect[..], "{what}: corrupt at {got}");
+                    got += chunk.len() as u64;
+                }
+                stalled.close().await;
+                // Drained: dials are admitted again.
+                open_eventually(mode, &fe, &dst).await.close().await;
+                assert!(!seen.overloaded());
+            })
+            .unwrap();
+            let scrape = server.h().metrics().registry().render_to_string();
+            assert!(refusals(&scrape, "overload") >= 1.0, "{what}");
+            assert_idle(&server, &[&agent], idle, &what);
+            agent.stop();
+            server.stop();
+            drop((dir, source, echo));
+            assert_released(before, &format!("{what}, stopped"));
+        }
+    }
+}
+
+#[test]
+fn agent_allow_list_refuses_destinations_outside_it() {
+    let _serial = serial();
+    for engine in available_engines() {
+        for mode in MODES {
+            let what = format!("allow-list, {mode:?} on {engine}");
+            let before = Baseline::take();
+            let dir = TempDir::new("allowlist");
+            let inside = Destination::echo_on(A).unwrap();
+            let outside = Destination::echo().unwrap();
+            let mut server = ServerSpec::new(engine, mode, Transport::Unix, &dir).start();
+            let allowed =
+                konn_agent::allow::AllowList::parse(&["127.0.0.2/32".to_owned()]).unwrap();
+            let mut agent = server.agent_with("a", "", None, |s| {
+                s.connect.settings.allowed = Arc::new(allowed);
+            });
+            wait_backends(&server, 1);
+            let idle = Baseline::take();
+            let fe = server.frontend();
+            let port = outside.addr().port();
+            block_on(engine, async {
+                for target in [outside.addr().to_string(), format!("localhost:{port}")] {
+                    let text = format!(
+                        "dial tcp {target}: konn: destination not allowed by --allowed-destination-cidrs"
+                    );
+                    let want = match mode {
+                        Mode::Grpc => (0, text),
+                        Mode::HttpConnect => (
+                            502,
+                            format!(
+                                "HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{text}"
+                            ),
+                        ),
+                    };
+                    assert_eq!(open(mode, &fe, &target).await.err(), Some(want), "{what}");
+                }
+                open_ok(mode, &fe, &inside.addr().to_string())
+                    .await
+                    .close()
+                    .await;
+            })
+            .unwrap();
+            assert_eq!(
+                outside.connections(),
+                0,
+                "{what}: the refused dial connected"
+            );
+            let scrape = agent.h().metrics().registry().render_to_string();
+            assert_eq!(
+                metric(
+                    &scrape,
+                    "konn_agent_dial_refusals_total{reason=\"destination_not_allowed\"}"
+                ),
+                Some(2.0),
+                "{what}"
+            );
+            assert_idle(&server, &[&agent], idle, &what);
+            agent.stop();
+            server.stop();
+            drop((dir, inside, outside));
+            assert_released(before, &format!("{what}, stopped"));
+        }
+    }
+}
