@@ -126,7 +126,7 @@ impl Sim {
                     data,
                 };
                 let sent = if connect {
-                    let taken = self.router.connect_data(fid, framed(&p));
+                    let taken = self.router.connect_data(fid, framed(&p), n);
                     self.pump();
                     taken
                 } else {
@@ -419,7 +419,7 @@ impl Sim {
                     }
                 }
             }
-            Action::DialFailed(_) | Action::DialSucceeded(_) => {}
+            Action::DialFailed(_) | Action::DialSucceeded(_) | Action::ConnEnded(_) => {}
             // One core, and the reverse direction is not negotiated here.
             Action::Relay { .. }
             | Action::ReverseDial { .. }

@@ -242,6 +242,10 @@ pub enum Action {
     DialFailed(DialFailure),
     /// A dial succeeded after this long (metrics: `dial_duration_seconds`).
     DialSucceeded(Duration),
+    /// A frontend that dialled left the router: its connection's (or
+    /// refused dial's) summary, for the audit log and the byte and
+    /// duration metrics (`account`).
+    ConnEnded(Box<ConnSummary>),
 }
 
 /// What one core's router sends another's (see [`Action::Relay`]).
@@ -340,6 +344,8 @@ struct Frontend {
     paused: bool,
     /// Frontend credit held while paused.
     held: usize,
+    /// Its connection's accounting (audit, byte metrics).
+    account: Account,
 }
 
 impl Frontend {
@@ -355,6 +361,7 @@ impl Frontend {
             rx_backend: None,
             paused: false,
             held: 0,
+            account: Account::default(),
         }
     }
 }
@@ -571,6 +578,7 @@ impl Router {
         if let Some(mut f) = self.frontends.remove(&fid) {
             self.reverse_forgotten(&f);
             self.release_rx(&mut f);
+            self.account_ended(fid, &mut f);
             for (backend, connect_id) in f.established {
                 if let Some(b) = self.backends.get_mut(&backend) {
                     b.established.remove(&connect_id);
@@ -597,6 +605,7 @@ pub fn payload_type(p: &Payload) -> Option<PacketType> {
     }
 }
 
+mod account;
 mod backend;
 mod flow;
 mod frontend;
@@ -604,6 +613,8 @@ mod relay;
 mod responses;
 mod reverse;
 
+use account::Account;
+pub use account::{ConnResult, ConnSummary, ConnView, Side};
 use relay::relay_target;
 use responses::{DialFail, no_tunnel_response, raw_response};
 pub use responses::{dial_error_response, dial_error_status};
