@@ -154,7 +154,7 @@ impl RegistryBuilder {
             ..
         }) = self.families.get_mut(usize::from(family))
         {
-            d.limit = limit;
+            d.limit = std::sync::atomic::AtomicUsize::new(limit);
         }
     }
 
@@ -338,7 +338,7 @@ impl RegistryBuilder {
             sorted: sorted.into_boxed_slice(),
             bounds: buckets.into(),
             le: buckets.iter().map(|&b| text::format_f64(b)).collect(),
-            limit: super::DYNAMIC_SERIES_LIMIT,
+            limit: std::sync::atomic::AtomicUsize::new(super::DYNAMIC_SERIES_LIMIT),
             #[allow(clippy::disallowed_types)]
             table: std::sync::Mutex::new(Vec::new()),
         };

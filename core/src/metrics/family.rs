@@ -43,8 +43,8 @@ pub(super) struct Dynamic {
     pub(super) sorted: Box<[usize]>,
     pub(super) bounds: Box<[f64]>,
     pub(super) le: Box<[String]>,
-    /// Most series kept.
-    pub(super) limit: usize,
+    /// Most series kept (settable at run time: a flag may set it).
+    pub(super) limit: std::sync::atomic::AtomicUsize,
     // Not on any data path: updated by lease bookkeeping a few times a
     // minute, read by scrapes.
     #[allow(clippy::disallowed_types)]
@@ -90,7 +90,7 @@ impl Dynamic {
         };
         let index = match find(&table, values) {
             Some(i) => i,
-            None if table.len() < self.limit => {
+            None if table.len() < self.limit.load(std::sync::atomic::Ordering::Relaxed) => {
                 table.push(new(values));
                 table.len() - 1
             }

@@ -142,6 +142,14 @@ impl Registry {
         }
     }
 
+    /// Sets the most series dynamic counter family `family` keeps (series
+    /// beyond it already kept stay).
+    pub fn set_dynamic_counter_limit(&self, family: DynamicCounterVec, limit: usize) {
+        if let Some(d) = self.inner.dynamic(family.family) {
+            d.limit.store(limit, Relaxed);
+        }
+    }
+
     /// [`Registry::dynamic_counter_remove`] for a histogram family.
     pub fn dynamic_histogram_remove(&self, family: DynamicHistogramVec, label: usize, value: &str) {
         if let Some(d) = self.inner.dynamic(family.family) {

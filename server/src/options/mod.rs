@@ -43,9 +43,11 @@ use konn_core::cli::engine::EngineFlags;
 use konn_core::cli::{Command, FlagSet, GoDuration};
 use konn_core::io::tls::TlsMinVersion;
 use konn_core::log::LogConfig;
+pub use observe::{ObserveFlags, ObserveOptions};
 
 use crate::Error;
 
+mod observe;
 mod register;
 mod validate;
 
@@ -184,6 +186,8 @@ pub struct ServerFlags {
     pub reverse_dial_timeout: GoDuration,
     /// `--clusters-config` (konn: one server for many clusters).
     pub clusters_config: String,
+    /// konn's audit log and connection metrics flags.
+    pub observe: ObserveFlags,
 }
 
 impl ServerFlags {
@@ -237,6 +241,7 @@ impl ServerFlags {
             reverse_dial_rate: 100,
             reverse_dial_timeout: GoDuration::from_secs(10),
             clusters_config: String::new(),
+            observe: ObserveFlags::default(),
         }
     }
 
@@ -288,6 +293,7 @@ impl ServerFlags {
             reverse_dial_rate: f.get_int("reverse-dial-rate"),
             reverse_dial_timeout: f.get_duration("reverse-dial-timeout"),
             clusters_config: f.get_string("clusters-config"),
+            observe: ObserveFlags::from_flags(f),
         }
     }
 
@@ -501,6 +507,8 @@ pub struct ServerOptions {
     pub clusters_config: Option<PathBuf>,
     /// konn's engine flags.
     pub engine: EngineFlags,
+    /// The audit log and connection metrics (konn).
+    pub observe: ObserveOptions,
     /// Things accepted with a caveat; the binary logs each as a warning.
     pub warnings: Vec<String>,
 }

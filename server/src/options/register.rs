@@ -259,6 +259,7 @@ impl ServerFlags {
              admitted only with that cluster's credentials, its own strategies, limits and allowed \
              destinations. Re-read on SIGHUP and when it changes. Empty: one cluster, from the flags.",
         );
+        self.observe.register(f);
         f.set_section(previous);
     }
 }

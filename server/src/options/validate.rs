@@ -244,6 +244,7 @@ impl ServerFlags {
             reverse: self.reverse()?,
             clusters_config: non_empty_path(&self.clusters_config),
             engine,
+            observe: self.observe.validate()?,
             warnings,
         })
     }
