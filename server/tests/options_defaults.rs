@@ -83,6 +83,10 @@ const UPSTREAM: &[(&str, &str, &str, bool)] = &[
 /// konn's own flags and their defaults.
 const KONN: &[(&str, &str, &str)] = &[
     ("allowed-destination", "stringSlice", "[]"),
+    ("audit-log-maxbackup", "int", "5"),
+    ("audit-log-maxsize", "int", "100"),
+    ("audit-log-path", "string", ""),
+    ("audit-log-queue-size", "int", "10000"),
     ("clusters-config", "string", ""),
     ("conn-queue-size", "size", "1Mi"),
     ("grpc-max-message-size", "size", "4Mi"),
@@ -92,6 +96,7 @@ const KONN: &[(&str, &str, &str)] = &[
     ("idle-timeout", "duration", "5m0s"),
     ("io-engine", "string", "epoll"),
     ("memory-budget", "size", "512Mi"),
+    ("metrics-per-destination-limit", "int", "0"),
     ("pin-cores", "bool", "false"),
     ("preface-timeout", "duration", "2m0s"),
     ("reverse-dial-rate", "int", "100"),
