@@ -1,6 +1,6 @@
 //! Tunnelled connections seen from the outside (issue 17): what becomes of
 //! the router's [`ConnSummary`]s (the byte, duration and outcome metrics,
-//! a `-v=4` log line, the audit record), who a frontend's peer is, and the
+//! a `-v` ≥ 2 log line, the audit record), who a frontend's peer is, and the
 //! `/debug/connections` listing.
 //!
 //! Everything here runs once per connection (or per admin request), never
