@@ -37,7 +37,9 @@ pub use konn_core::metrics::common::Segment;
 use konn_core::metrics::{
     CoreMetrics, CounterVec, DynamicCounterVec, DynamicHistogramVec, GaugeVec, HistogramVec,
     LocalCounter, LocalGauge, LocalHistogram, Registry, RegistryBuilder,
-    common::{ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies},
+    common::{
+        ConnEnd, ConnFamilies, ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies,
+    },
 };
 use konn_frames::{GrpcStatus, packet::PacketType};
 
@@ -106,6 +108,7 @@ struct Families {
     tls_reloads: DynamicCounterVec,
     lease_list_latency: DynamicHistogramVec,
     reverse: ReverseFamilies,
+    conns: ConnFamilies,
 }
 
 /// Why the agent refused or lost a reverse connection (`reason` of
@@ -179,7 +182,9 @@ impl Families {
             &["listener", "result"],
         );
         let reverse = ReverseFamilies::register(b, &REVERSE_REASONS);
+        let conns = ConnFamilies::register(b);
         Self {
+            conns,
             tls_reloads,
             reverse,
             dial_duration,
@@ -386,6 +391,13 @@ impl AgentCoreMetrics {
     #[inline]
     pub fn reverse_bytes(&self, direction: ReverseDirection) -> LocalCounter<'_> {
         self.core.counter(self.families.reverse.bytes(direction))
+    }
+
+    /// A destination connection ended: `konn_connection_bytes_total`,
+    /// `konn_connection_duration_seconds`, `konn_connections_ended_total`
+    /// (the server's names; once per connection, never per packet).
+    pub fn conn_ended(&self, end: &ConnEnd<'_>) {
+        self.families.conns.record(self.core.registry(), end, 0);
     }
 }
 

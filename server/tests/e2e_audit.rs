@@ -155,6 +155,19 @@ fn every_connection_leaves_one_record_with_its_bytes() {
                 Some(sum as f64),
                 "{text}"
             );
+            // The agent counts the same bytes under the same names once its
+            // endpoints are released.
+            let series =
+                "konn_connection_bytes_total{agent_id=\"agent-0\",direction=\"from_destination\"}";
+            let agent_counted = || {
+                let text = agent.h().metrics().registry().render_to_string();
+                metric(&text, series)
+            };
+            assert!(
+                wait_until(T, || agent_counted() == Some(sum as f64)),
+                "{what}: agent counted {:?}, sent {sum}",
+                agent_counted()
+            );
             agent.stop();
             server.stop();
         }

@@ -223,8 +223,12 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
                 let mut b = konn_bins(name, Path::new(dir), Some(engine));
                 // Extra server flags, comma-separated (e.g. the audit log).
                 if let Some(flags) = parts.next() {
-                    b.server_flags
-                        .extend(flags.split(',').filter(|f| !f.is_empty()).map(str::to_owned));
+                    b.server_flags.extend(
+                        flags
+                            .split(',')
+                            .filter(|f| !f.is_empty())
+                            .map(str::to_owned),
+                    );
                 }
                 extra.push(b);
             }
