@@ -419,7 +419,30 @@ impl Sim {
                     }
                 }
             }
-            Action::DialFailed(_) | Action::DialSucceeded(_) | Action::ConnEnded(_) => {}
+            Action::ConnEnded(s) => {
+                let Some(fe) = self.fes.get_mut(&s.frontend) else {
+                    return self.violate(format!("summary of unknown frontend {}", s.frontend));
+                };
+                fe.summaries += 1;
+                // The router counts what it forwarded: at most what the
+                // frontend sent, at least what it received.
+                let what = if fe.summaries > 1 {
+                    Some(format!("frontend {}: a second summary", s.frontend))
+                } else if s.bytes_to_agent > fe.sent as u64
+                    || s.bytes_from_agent < fe.received as u64
+                {
+                    Some(format!(
+                        "frontend {}: summary bytes {}/{} vs sent {} received {}",
+                        s.frontend, s.bytes_to_agent, s.bytes_from_agent, fe.sent, fe.received
+                    ))
+                } else {
+                    None
+                };
+                if let Some(w) = what {
+                    self.violate(w);
+                }
+            }
+            Action::DialFailed(_) | Action::DialSucceeded(_) => {}
             // One core, and the reverse direction is not negotiated here.
             Action::Relay { .. }
             | Action::ReverseDial { .. }
