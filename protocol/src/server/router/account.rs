@@ -199,11 +199,13 @@ impl Router {
         error: &str,
         reason: &'static str,
     ) {
-        let Some(f) = self.frontends.get_mut(&id) else {
+        if !self.frontends.contains_key(&id) {
             return;
-        };
-        f.account.dialled(now, address);
-        f.account.end(ConnResult::Refused, reason, Side::Server);
+        }
+        self.account_dial(now, id, address);
+        if let Some(a) = self.account(id) {
+            a.end(ConnResult::Refused, reason, Side::Server);
+        }
         self.actions
             .push_back(Action::DialFailed(DialFailure::NoAgent));
         self.fail_dial(id, dial, error, DialFail::Error);
@@ -211,8 +213,12 @@ impl Router {
 
     /// A frontend left the router for good: its summary, if it dialled.
     pub(super) fn account_ended(&mut self, fid: FrontendId, f: &mut Frontend) {
-        let a = &mut f.account;
-        let (Some(started), Some(destination)) = (a.started, a.destination.take()) else {
+        self.summarize(fid, f.kind, &mut f.account);
+    }
+
+    /// Queue the summary of `a` (taking its contents), if it dialled.
+    fn summarize(&mut self, fid: FrontendId, kind: FrontendKind, a: &mut Account) {
+        let (Some(started), Some(destination)) = (a.started.take(), a.destination.take()) else {
             return;
         };
         let (result, reason) = a.ended.unwrap_or(if a.connect_id != 0 {
@@ -223,8 +229,8 @@ impl Router {
         self.actions
             .push_back(Action::ConnEnded(Box::new(ConnSummary {
                 frontend: fid,
-                kind: f.kind,
-                peer: a.peer.take(),
+                kind,
+                peer: a.peer.clone(),
                 destination,
                 agent_id: a.agent_id.take(),
                 backend: a.backend,
@@ -266,6 +272,28 @@ impl Router {
                 stuck: f.rx.is_stuck(&lim, now),
             })
         })
+    }
+
+    /// A dial of frontend `fid` at `now` for `address`. A frontend whose
+    /// previous dial is over (refused, failed, or closed: nothing pending
+    /// or established — not something konnectivity-client does) leaves
+    /// that one's summary first: one summary per dial.
+    pub(super) fn account_dial(&mut self, now: Instant, fid: FrontendId, address: &str) {
+        let Some(f) = self.frontends.get_mut(&fid) else {
+            return;
+        };
+        let kind = f.kind;
+        let over = f.pending.is_empty() && f.established.is_empty();
+        let mut previous = None;
+        if f.account.started.is_some() && over {
+            let peer = f.account.peer.clone();
+            previous = Some(std::mem::take(&mut f.account));
+            f.account.peer = peer;
+        }
+        f.account.dialled(now, address);
+        if let Some(mut a) = previous {
+            self.summarize(fid, kind, &mut a);
+        }
     }
 
     /// The accounting of frontend `fid`, if known.

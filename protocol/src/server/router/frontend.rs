@@ -281,11 +281,10 @@ impl Router {
         random: u64,
         framed: Option<Bytes>,
     ) {
-        let Some(f) = self.frontends.get_mut(&id) else {
+        let Some(kind) = self.frontends.get(&id).map(|f| f.kind) else {
             return;
         };
-        let kind = f.kind;
-        f.account.dialled(now, address);
+        self.account_dial(now, id, address);
         let Some(entry) = self.directory.pick(address, random, self.cfg.core) else {
             if let Some(a) = self.account(id) {
                 a.end(ConnResult::Refused, "no_backend", Side::Server);

@@ -1620,3 +1620,25 @@ fn connect_bytes_backend_gone_and_stuck_are_accounted() {
     );
     assert_eq!(r.connections(t0()).count(), 0);
 }
+
+#[test]
+fn a_second_dial_on_one_stream_leaves_its_own_summary() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(1));
+    from_backend(&mut r, t0(), 1, dial_rsp(1, 0, "connection refused"));
+    assert!(summaries(&actions(&mut r)).is_empty());
+    from_frontend(&mut r, t0(), 10, dial_req(2));
+    let s = summaries(&actions(&mut r));
+    assert_eq!(s.len(), 1, "the first dial's");
+    assert_eq!(
+        (s[0].result, s[0].reason),
+        (ConnResult::Failed, "dial_failed")
+    );
+    from_backend(&mut r, t0(), 1, dial_rsp(2, 7, ""));
+    r.frontend_gone(10);
+    let s = summaries(&actions(&mut r));
+    assert_eq!(s.len(), 1);
+    assert_eq!((s[0].result, s[0].connect_id), (ConnResult::Closed, 7));
+}
