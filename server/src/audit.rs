@@ -142,9 +142,16 @@ impl AuditLog {
     }
 }
 
+/// How long a stop waits for the writer to write what is queued: a sink
+/// that blocks (a FIFO nobody reads, a hung network file system) must not
+/// keep the process from exiting.
+pub const STOP_WAIT: Duration = Duration::from_secs(5);
+
 impl AuditWriter {
     /// Write what is queued, then end the thread. Call after the workers
-    /// stopped, so every record they pushed is written.
+    /// stopped, so every record they pushed is written. Waits at most
+    /// [`STOP_WAIT`]; a writer still blocked then is left behind (the
+    /// process is exiting) and what it holds is lost.
     pub fn stop(mut self) {
         self.stop_inner();
     }
@@ -152,9 +159,20 @@ impl AuditWriter {
     fn stop_inner(&mut self) {
         self.log.stopping.store(true, Ordering::SeqCst);
         self.log.unparker.unpark();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        let step = Duration::from_millis(5);
+        for _ in 0..STOP_WAIT.as_millis() / step.as_millis() {
+            if t.is_finished() {
+                let _ = t.join();
+                return;
+            }
+            std::thread::sleep(step);
         }
+        tracing::warn!(
+            "audit log: the writer is blocked on its sink; records still queued are lost"
+        );
     }
 }
 
@@ -427,6 +445,41 @@ mod tests {
         assert_eq!(lines(&name(2)), 3);
         assert!(!name(3).exists(), "only two backups");
         assert!(lines(&path) >= 1 && lines(&path) <= 3);
+    }
+
+    #[test]
+    fn a_blocked_sink_does_not_hold_the_stop_forever() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("audit.fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        // A reader that never reads: the writer blocks once the pipe is full.
+        let _reader = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc_nonblock())
+                .open(&fifo)
+                .unwrap()
+        };
+        let cfg = AuditConfig {
+            sink: Sink::File(fifo),
+            max_size: 0,
+            max_backups: 0,
+            queue: 8,
+        };
+        let (log, writer) = AuditLog::start(cfg, 1).unwrap();
+        // Until more than the pipe holds; pushes never wait.
+        wait_for(|| {
+            log.push(0, record("d:1"));
+            log.dropped() > 0
+        });
+        writer.stop(); // returns after STOP_WAIT at most
+    }
+
+    /// `O_NONBLOCK` (Linux), without a libc dependency here.
+    fn libc_nonblock() -> i32 {
+        0o4000
     }
 
     #[test]
