@@ -469,7 +469,7 @@ mod tests {
         // A reader that never reads: the writer blocks once the pipe is full.
         let _reader = {
             use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
+            OpenOptions::new()
                 .read(true)
                 .custom_flags(libc_nonblock())
                 .open(&fifo)
