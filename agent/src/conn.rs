@@ -187,6 +187,10 @@ pub trait TunnelObserver {
     /// A reverse connection carried `n` bytes towards the control plane
     /// (`true`) or towards the node.
     fn reverse_bytes(&self, _to_control_plane: bool, _n: usize) {}
+    /// An endpoint connection ended (just before
+    /// [`endpoint_closed`](Self::endpoint_closed)): payload bytes written
+    /// to and read from the destination, and how long it was open.
+    fn endpoint_ended(&self, _to_destination: u64, _from_destination: u64, _open: Duration) {}
 }
 
 /// The observer of a tunnel nobody watches.
@@ -254,8 +258,26 @@ struct Endpoint {
     drained_at: Cell<Option<Instant>>,
     /// The tunnel waits for drain reports: report every write at once.
     urgent: Cell<bool>,
+    /// Payload bytes written to / read from the destination (accounting:
+    /// plain additions, reported once when the endpoint ends).
+    to_destination: Cell<u64>,
+    from_destination: Cell<u64>,
+    opened: Instant,
     /// Reports the endpoint closed when the last task drops it.
     _open: EndpointGuard,
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if self.connect_id > 0 {
+            let open = konn_core::io::clock::now().saturating_duration_since(self.opened);
+            self._open.0.endpoint_ended(
+                self.to_destination.get(),
+                self.from_destination.get(),
+                open,
+            );
+        }
+    }
 }
 
 impl Endpoint {
@@ -286,6 +308,9 @@ impl Endpoint {
             drained: Cell::new(0),
             drained_at: Cell::new(None),
             urgent: Cell::new(false),
+            to_destination: Cell::new(0),
+            from_destination: Cell::new(0),
+            opened: konn_core::io::clock::now(),
             _open: EndpointGuard::new(observer, connect_id < 0),
         }
     }
@@ -856,6 +881,8 @@ async fn read_endpoint(
         let n = match res {
             Ok(n) if n > 0 => {
                 full = n == MAX_DATA_PAYLOAD;
+                ep.from_destination
+                    .set(ep.from_destination.get() + n as u64);
                 n
             }
             // EOF, a read error or no buffer: everything read so far is
@@ -914,6 +941,7 @@ async fn write_endpoint(
                     if ep.connect_id < 0 {
                         ep._open.0.reverse_bytes(false, n);
                     }
+                    ep.to_destination.set(ep.to_destination.get() + n as u64);
                     ep.drained.set(ep.drained.get() + n);
                     ep.drained_at.set(Some(konn_core::io::clock::now()));
                     if ep.urgent.get()

@@ -38,7 +38,9 @@ pub use konn_core::metrics::common::Segment;
 use konn_core::metrics::{
     CoreMetrics, CounterVec, DynamicCounterVec, DynamicHistogramVec, GaugeVec, HistogramVec,
     LocalCounter, LocalGauge, LocalHistogram, Registry, RegistryBuilder,
-    common::{ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies},
+    common::{
+        ConnEnd, ConnFamilies, ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies,
+    },
 };
 use konn_frames::{GrpcStatus, packet::PacketType};
 
@@ -108,6 +110,7 @@ struct Families {
     lease_list_latency: DynamicHistogramVec,
     reverse: ReverseFamilies,
     dial_refusals: CounterVec,
+    conns: ConnFamilies,
 }
 
 /// Why the agent refused or lost a reverse connection (`reason` of
@@ -190,8 +193,10 @@ impl Families {
             &["reason"],
             &[&DIAL_REFUSAL_REASONS],
         );
+        let conns = ConnFamilies::register(b);
         Self {
             dial_refusals,
+            conns,
             tls_reloads,
             reverse,
             dial_duration,
@@ -409,6 +414,13 @@ impl AgentCoreMetrics {
     #[inline]
     pub fn reverse_bytes(&self, direction: ReverseDirection) -> LocalCounter<'_> {
         self.core.counter(self.families.reverse.bytes(direction))
+    }
+
+    /// A destination connection ended: `konn_connection_bytes_total`,
+    /// `konn_connection_duration_seconds`, `konn_connections_ended_total`
+    /// (the server's names; once per connection, never per packet).
+    pub fn conn_ended(&self, end: &ConnEnd<'_>) {
+        self.families.conns.record(self.core.registry(), end, 0);
     }
 }
 

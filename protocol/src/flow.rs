@@ -129,6 +129,11 @@ impl FlowRx {
         self.paused
     }
 
+    /// Since when nothing drained from a non-empty queue (`None`: empty).
+    pub fn stalled_since(&self) -> Option<Instant> {
+        self.since
+    }
+
     /// Whether the owner must report drained bytes promptly: a RESUME or
     /// withheld credit waits for them. Otherwise reports may be batched.
     pub fn waits_for_drain(&self) -> bool {

@@ -284,6 +284,12 @@ impl AgentConn {
             "agent disconnected"
         );
         let (w, c) = (&*self.worker, &*self.cluster);
+        let agent_id = c
+            .router
+            .borrow()
+            .directory()
+            .get(bid)
+            .map(|e| e.agent_id.clone());
         c.router.borrow_mut().backend_gone(bid);
         c.backend_drained(w, bid); // give back any held credit
         c.backends.borrow_mut().remove(&bid);
@@ -295,6 +301,9 @@ impl AgentConn {
         self.publish_backends();
         c.publish(w);
         c.announce(w, || ClusterMsg::BackendDown(bid));
+        if let Some(agent_id) = agent_id {
+            crate::accounting::agent_gone(c, &agent_id);
+        }
     }
 
     fn publish_backends(&self) {

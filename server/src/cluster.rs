@@ -619,6 +619,7 @@ impl Cluster {
                     tracing::debug!(elapsed = ?d, "dial succeeded");
                     self.metrics.dial_duration().observe_duration(d);
                 }
+                Action::ConnEnded(s) => crate::accounting::conn_ended(w, self, s),
             }
         }
     }

@@ -263,6 +263,15 @@ impl Wire {
         }
     }
 
+    /// Who is at the other end, for the audit log
+    /// (`crate::accounting::{unix_peer, tcp_peer}`).
+    pub fn peer(&self) -> Option<std::sync::Arc<str>> {
+        match &self.sock {
+            Sock::Tcp(t) => crate::accounting::tcp_peer(t.peer_addr().ok(), self.tls.as_ref()),
+            Sock::Unix(u) => crate::accounting::unix_peer(std::os::fd::AsRawFd::as_raw_fd(u)),
+        }
+    }
+
     /// Parts for a migration: socket, TLS state, unread plaintext.
     pub fn into_parts(self) -> (Sock, Option<TlsLayer>, BytesMut) {
         (self.sock, self.tls, self.plain)
@@ -470,6 +479,9 @@ pub async fn serve_connect(
         .router
         .borrow_mut()
         .frontend_opened(fid, FrontendKind::HttpConnect);
+    if let Some(peer) = wire.peer() {
+        cluster.router.borrow_mut().set_frontend_peer(fid, peer);
+    }
     cluster
         .frontends
         .borrow_mut()
@@ -730,7 +742,11 @@ fn send_data(
             .reverse_bytes(ReverseDirection::ToNode)
             .add(payload as u64);
     }
-    if cluster.router.borrow_mut().connect_data(fid, framed) {
+    if cluster
+        .router
+        .borrow_mut()
+        .connect_data(fid, framed, payload)
+    {
         worker.forwarding.set(packet::PacketType::Data);
         cluster.apply(worker);
         if cluster.credit_via_tunnel(worker, fid, backend, len) {

@@ -61,6 +61,8 @@ pub struct FrontendConn {
     /// last drained (shrank or was empty). The budget resets the streams
     /// that have not drained for the longest first.
     levels: HashMap<u32, (usize, Instant)>,
+    /// Who the peer is, for the audit log (`crate::accounting`).
+    peer: Option<std::sync::Arc<str>>,
 }
 
 impl FrontendConn {
@@ -82,7 +84,13 @@ impl FrontendConn {
             may_move: true,
             queued: 0,
             levels: HashMap::new(),
+            peer: None,
         }
+    }
+
+    /// The peer's description for the audit log (see `crate::accounting`).
+    pub fn set_peer(&mut self, peer: Option<std::sync::Arc<str>>) {
+        self.peer = peer;
     }
 
     /// The driver's detach flag (`ConnHandle::detach_flag`).
@@ -108,6 +116,12 @@ impl FrontendConn {
             .router
             .borrow_mut()
             .frontend_opened(fid, FrontendKind::Grpc);
+        if let Some(peer) = &self.peer {
+            self.cluster
+                .router
+                .borrow_mut()
+                .set_frontend_peer(fid, peer.clone());
+        }
         self.cluster.frontends.borrow_mut().insert(
             fid,
             FrontendRef::Grpc {

@@ -348,7 +348,7 @@ fn agents_json(out: &mut String, mut agents: Vec<BackendInfo>) {
 }
 
 /// Appends `s` as a JSON string (RFC 8259 escaping).
-fn json_string(out: &mut String, s: &str) {
+pub(crate) fn json_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {

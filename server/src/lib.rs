@@ -24,8 +24,12 @@
 //!   control-plane destinations for agents.
 //! - [`serve`]: listeners, workers, cross-core announcements, migration.
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints.
+//! - [`accounting`], [`audit`]: per-connection accounting (konn): byte and
+//!   duration metrics, the dial audit log, `/debug/connections`.
 
+pub mod accounting;
 pub mod agents;
+pub mod audit;
 pub mod auth;
 pub mod budget;
 pub mod cluster;

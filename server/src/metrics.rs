@@ -50,7 +50,9 @@ pub use konn_core::metrics::common::Segment;
 use konn_core::metrics::{
     CoreMetrics, CounterVec, DynamicCounterVec, DynamicHistogramVec, GaugeVec, HistogramVec,
     LocalCounter, LocalGauge, LocalHistogram, Registry, SharedCounter, SharedGauge,
-    common::{ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies},
+    common::{
+        ConnEnd, ConnFamilies, ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies,
+    },
 };
 use konn_frames::{GrpcStatus, packet::PacketType};
 use konn_protocol::server::router::ReverseRefusal;
@@ -192,6 +194,8 @@ struct Families {
     cluster_reloads: DynamicCounterVec,
     sni_refusals: DynamicCounterVec,
     dial_refusals: DynamicCounterVec,
+    conns: ConnFamilies,
+    audit_dropped: CounterVec,
 }
 
 /// `reason` labels of `konn_reverse_refusals_total`, in
@@ -333,7 +337,14 @@ impl Families {
             "Dials refused before reaching an agent by konn's admission limits or overload manager, by reason (limit_agent_conns, limit_agent_rate, limit_dest_conns, limit_dest_rate, limit_frontend_conns, limit_frontend_rate, limit_cluster_conns, limit_cluster_rate, overload).",
             &["reason"],
         );
+        let conns = ConnFamilies::register(b);
+        let audit_dropped = b.counter(
+            "konn_audit_records_dropped_total",
+            "Audit records dropped because the audit log's queue was full or its file could not be written (--audit-log-path); traffic is never held for the audit log.",
+        );
         Self {
+            conns,
+            audit_dropped,
             clusters,
             cluster_reloads,
             sni_refusals,
@@ -432,6 +443,26 @@ impl ServerMetrics {
         let result = if ok { "ok" } else { "error" };
         self.registry
             .dynamic_counter_add(self.families.cluster_reloads, &[result], 1);
+    }
+
+    /// Count a tunnelled connection's end (`konn_connection_*`,
+    /// `konn_connections_ended_total`; `konn_destination_bytes_total` for up
+    /// to `destination_limit` destinations).
+    pub fn conn_ended(&self, end: &ConnEnd<'_>, destination_limit: usize) {
+        self.families
+            .conns
+            .record(&self.registry, end, destination_limit);
+    }
+
+    /// An agent left: its `konn_connection_*` series go.
+    pub fn forget_agent(&self, agent_id: &str) {
+        self.families.conns.forget_agent(&self.registry, agent_id);
+    }
+
+    /// `konn_audit_records_dropped_total`.
+    pub fn audit_dropped(&self) -> SharedCounter<'_> {
+        self.registry
+            .counter(self.families.audit_dropped.series(&[]))
     }
 
     /// `konn_server_agent_sni_refusals_total{reason}` += 1.

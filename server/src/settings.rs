@@ -95,6 +95,8 @@ pub struct ServerSettings {
     /// agents and router settings; `None`: one cluster from the flags
     /// above (upstream's behaviour).
     pub clusters: Option<ClustersSource>,
+    /// The audit log and connection metrics (konn, issue 17).
+    pub observe: crate::options::ObserveOptions,
 }
 
 /// The `--clusters-config` file and what it held at start.
@@ -198,6 +200,7 @@ impl ServerSettings {
             },
             kubernetes: None,
             clusters: None,
+            observe: Default::default(),
         }
     }
 
@@ -434,6 +437,7 @@ impl ServerSettings {
             reverse,
             kubernetes: crate::kube::Kubernetes::from_options(o),
             clusters: None,
+            observe: o.observe.clone(),
         };
         if let Some(path) = &o.clusters_config {
             let defaults = crate::clusters::config::ClusterDefaults {

@@ -206,6 +206,10 @@ pub struct Shared {
     pub established: AtomicI64,
     /// A graceful shutdown started: not ready, accept nothing new.
     pub shutting_down: std::sync::atomic::AtomicBool,
+    /// The audit log (`--audit-log-path`), when on.
+    pub audit: Option<Arc<crate::audit::AuditLog>>,
+    /// The workers' `/debug/connections` listings.
+    pub conns: Option<Arc<crate::accounting::ConnBoard>>,
 }
 
 /// The number of a worker's live tasks (see [`Worker::spawn`]).

@@ -3,7 +3,8 @@
 //! Unix socket and over TCP with mTLS (the agent port then uses mTLS too),
 //! one at a time and 100 at once. Every scenario runs under each io
 //! engine and ends with the leak check of `e2e_common::assert_idle`, and
-//! with every descriptor given back once server and agents stopped.
+//! with every descriptor given back once server and agents stopped, and
+//! with exactly one audit record per connection (`assert_audited`).
 
 mod e2e_common;
 
@@ -35,8 +36,10 @@ fn each_setup(mode: Mode, agents: usize, body: impl Fn(&TestServer, &[Agent], &F
             let what = format!("{mode:?} over {transport:?} on {engine}");
             let before = Baseline::take();
             let dir = TempDir::new("proxy");
+            let audit = dir.path("audit.log");
             let mut server = ServerSpec {
                 pki: Some(&pki),
+                tweak: Some(audit_to(audit.clone())),
                 ..ServerSpec::new(engine, mode, transport, &dir)
             }
             .start();
@@ -48,6 +51,7 @@ fn each_setup(mode: Mode, agents: usize, body: impl Fn(&TestServer, &[Agent], &F
             let frontend = server.frontend();
             body(&server, &agents, &frontend);
             assert_idle(&server, &agents.iter().collect::<Vec<_>>(), idle, &what);
+            assert_audited(&server, &audit, &what);
             for a in &mut agents {
                 a.stop();
             }

@@ -83,6 +83,10 @@ const UPSTREAM: &[(&str, &str, &str, bool)] = &[
 /// konn's own flags and their defaults.
 const KONN: &[(&str, &str, &str)] = &[
     ("allowed-destination", "stringSlice", "[]"),
+    ("audit-log-maxbackup", "int", "5"),
+    ("audit-log-maxsize", "int", "100"),
+    ("audit-log-path", "string", ""),
+    ("audit-log-queue-size", "int", "10000"),
     ("clusters-config", "string", ""),
     ("conn-queue-size", "size", "1Mi"),
     ("connect-header-timeout", "duration", "1m0s"),
@@ -101,6 +105,7 @@ const KONN: &[(&str, &str, &str)] = &[
     ("max-frontend-connections", "int", "0"),
     ("max-frontend-dial-rate", "int", "0"),
     ("memory-budget", "size", "512Mi"),
+    ("metrics-per-destination-limit", "int", "0"),
     ("overload-memory-watermark", "float32", "0"),
     ("pin-cores", "bool", "false"),
     ("preface-timeout", "duration", "2m0s"),

@@ -62,7 +62,10 @@ pub(super) async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
         h2: inner.settings.h2_config(),
         pool: ctx.pool().clone(),
         mesh: ctx.mesh().clone(),
-        observer: Rc::new(CoreObserver::new(inner.metrics.core(index))),
+        observer: Rc::new(CoreObserver::new(
+            inner.metrics.core(index),
+            &inner.settings.connect.agent_id,
+        )),
         slots: RefCell::new(HashMap::new()),
         draining: Cell::new(false),
         live: Cell::new(0),
@@ -388,17 +391,20 @@ impl Worker {
 /// Per-core metrics of every tunnel on a worker, and its endpoint count.
 pub(super) struct CoreObserver {
     metrics: Option<AgentCoreMetrics>,
+    /// This agent's id (`agent_id` of the connection families).
+    agent_id: Box<str>,
     endpoints: Cell<usize>,
     /// Woken when an endpoint or an attempt ends (stop waits on it).
     idle: Notify,
 }
 
 impl CoreObserver {
-    fn new(metrics: Option<AgentCoreMetrics>) -> Self {
+    fn new(metrics: Option<AgentCoreMetrics>, agent_id: &str) -> Self {
         if metrics.is_none() {
             tracing::warn!("no metrics slab for this worker; its traffic is not counted");
         }
         Self {
+            agent_id: agent_id.into(),
             metrics,
             endpoints: Cell::new(0),
             idle: Notify::new(),
@@ -452,6 +458,20 @@ impl TunnelObserver for CoreObserver {
         self.endpoints.set(self.endpoints.get() + 1);
         if let Some(m) = &self.metrics {
             m.open_endpoint_connections().inc();
+        }
+    }
+
+    fn endpoint_ended(&self, to_destination: u64, from_destination: u64, open: Duration) {
+        if let Some(m) = &self.metrics {
+            m.conn_ended(&konn_core::metrics::common::ConnEnd {
+                agent_id: &self.agent_id,
+                result: "closed",
+                reason: "",
+                to_destination,
+                from_destination,
+                duration: open,
+                destination: "",
+            });
         }
     }
 

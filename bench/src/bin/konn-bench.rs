@@ -5,7 +5,7 @@
 //! konn-bench compare [--quick] [--reps N] [--upstream DIR] [--konn DIR]
 //!                    [--engines io-uring[:SETUP],epoll] [--idle N] [--only S1,S3,…]
 //!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--min-s4 RATIO] [--no-pin]
-//!                    [--also NAME=DIR:ENGINE]...
+//!                    [--also NAME=DIR:ENGINE[:FLAG,FLAG…]]...
 //! konn-bench idle [--connections N] [--impl NAME=DIR]...
 //! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 //! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
@@ -22,7 +22,9 @@
 //!   interleaved by repetition; writes `results.json`, `results.md` and an
 //!   SVG per scenario to `--out` (default `docs/benchmarks`). `--also`
 //!   adds another konn build (e.g. the one before a change) with one
-//!   engine, interleaved with the rest. With
+//!   engine, interleaved with the rest; server flags after a third `:`
+//!   (comma-separated) run the same build with a feature on, e.g.
+//!   `--also konn-audit=target/release:epoll:--audit-log-path=/tmp/a.log`. With
 //!   `--quick` it runs only S1, S3 and S4 for konn's default engine
 //!   against upstream, writes nothing unless `--out` is given, and exits
 //!   with 1 when konn's S1 throughput is below `--min-s1` (1.0) ×
@@ -230,12 +232,23 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             "--max-s3" => margins.max_s3 = val("a ratio")?.parse()?,
             "--min-s4" => margins.min_s4 = val("a ratio")?.parse()?,
             "--also" => {
-                let v = val("NAME=DIR:ENGINE")?;
+                let v = val("NAME=DIR:ENGINE[:FLAGS]")?;
                 let (name, rest) = v.split_once('=').context("--also needs NAME=DIR:ENGINE")?;
-                let (dir, engine) = rest
-                    .split_once(':')
-                    .context("--also needs NAME=DIR:ENGINE")?;
-                extra.push(konn_bins(name, Path::new(dir), Some(engine)));
+                let mut parts = rest.splitn(3, ':');
+                let (Some(dir), Some(engine)) = (parts.next(), parts.next()) else {
+                    bail!("--also needs NAME=DIR:ENGINE");
+                };
+                let mut b = konn_bins(name, Path::new(dir), Some(engine));
+                // Extra server flags, comma-separated (e.g. the audit log).
+                if let Some(flags) = parts.next() {
+                    b.server_flags.extend(
+                        flags
+                            .split(',')
+                            .filter(|f| !f.is_empty())
+                            .map(str::to_owned),
+                    );
+                }
+                extra.push(b);
             }
             other => bail!("unknown argument {other:?}"),
         }

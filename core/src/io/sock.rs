@@ -63,3 +63,45 @@ pub async fn readable(rd: &TcpOwnedReadHalf, relaxed: bool) -> io::Result<()> {
     let stream = unsafe { &*rd.0.get() };
     stream.readable(relaxed).await
 }
+
+/// The credentials of a Unix-socket peer (`SO_PEERCRED`): (uid, gid, pid),
+/// as they were when it connected. `None` if the socket has none (not a
+/// Unix socket, or an error).
+#[allow(unsafe_code)]
+pub fn peer_credentials(fd: std::os::fd::RawFd) -> Option<(u32, u32, i32)> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = libc::socklen_t::try_from(size_of::<libc::ucred>()).ok()?;
+    // SAFETY: `cred` and `len` are live locals of the sizes passed; the
+    // kernel writes at most `len` bytes to `cred` and keeps no pointer.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0 && cred.pid != 0).then_some((cred.uid, cred.gid, cred.pid))
+}
+
+#[cfg(test)]
+mod peer_tests {
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_unix_peer_has_our_credentials_and_a_tcp_one_none() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (uid, _gid, pid) = super::peer_credentials(a.as_raw_fd()).unwrap();
+        assert_eq!(pid, i32::try_from(std::process::id()).unwrap());
+        let meta = std::fs::metadata("/proc/self").unwrap();
+        assert_eq!(uid, std::os::unix::fs::MetadataExt::uid(&meta));
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        assert_eq!(super::peer_credentials(c.as_raw_fd()), None);
+    }
+}

@@ -87,6 +87,17 @@ impl Stamp {
     }
 }
 
+/// `since_epoch` as RFC 3339 in UTC with microseconds
+/// (`2026-11-25T02:48:33.123456Z`): the audit log's timestamps.
+pub fn rfc3339_utc(since_epoch: std::time::Duration) -> String {
+    let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
+    let s = Stamp::utc(secs, since_epoch.subsec_micros());
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        s.year, s.month, s.day, s.hour, s.minute, s.second, s.micros
+    )
+}
+
 /// `localtime_r`: (year, month 1-12, day, hour, minute, second).
 #[allow(unsafe_code)]
 fn local_time(secs: i64) -> Option<(i32, u32, u32, u32, u32, u32)> {
@@ -239,6 +250,16 @@ impl Visit for FieldWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_in_utc() {
+        let d = std::time::Duration::new(1_795_000_000, 123_456_789);
+        assert_eq!(rfc3339_utc(d), "2026-11-18T11:06:40.123456Z");
+        assert_eq!(
+            rfc3339_utc(std::time::Duration::ZERO),
+            "1970-01-01T00:00:00.000000Z"
+        );
+    }
 
     #[test]
     fn header_like_klog() {

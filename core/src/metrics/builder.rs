@@ -118,6 +118,46 @@ impl RegistryBuilder {
         DynamicCounterVec { family }
     }
 
+    /// [`RegistryBuilder::dynamic_counter_vec`] keeping up to `limit`
+    /// series instead of [`super::DYNAMIC_SERIES_LIMIT`] (for labels that
+    /// are bounded but many, such as agent ids).
+    pub fn dynamic_counter_vec_limit(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[&'static str],
+        limit: usize,
+    ) -> DynamicCounterVec {
+        let family = self.dynamic(name, help, MetricType::Counter, labels, &[]);
+        self.set_dynamic_limit(family, limit);
+        DynamicCounterVec { family }
+    }
+
+    /// [`RegistryBuilder::dynamic_histogram_vec`] keeping up to `limit`
+    /// series.
+    pub fn dynamic_histogram_vec_limit(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        buckets: &[f64],
+        labels: &[&'static str],
+        limit: usize,
+    ) -> DynamicHistogramVec {
+        let family = self.dynamic(name, help, MetricType::Histogram, labels, buckets);
+        self.set_dynamic_limit(family, limit);
+        DynamicHistogramVec { family }
+    }
+
+    fn set_dynamic_limit(&mut self, family: u16, limit: usize) {
+        if let Some(Family {
+            kind: FamilyKind::Dynamic(d),
+            ..
+        }) = self.families.get_mut(usize::from(family))
+        {
+            d.limit = std::sync::atomic::AtomicUsize::new(limit);
+        }
+    }
+
     /// A histogram family whose label values are only known at run time.
     pub fn dynamic_histogram_vec(
         &mut self,
@@ -298,6 +338,7 @@ impl RegistryBuilder {
             sorted: sorted.into_boxed_slice(),
             bounds: buckets.into(),
             le: buckets.iter().map(|&b| text::format_f64(b)).collect(),
+            limit: std::sync::atomic::AtomicUsize::new(super::DYNAMIC_SERIES_LIMIT),
             #[allow(clippy::disallowed_types)]
             table: std::sync::Mutex::new(Vec::new()),
         };

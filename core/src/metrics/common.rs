@@ -279,3 +279,126 @@ impl ReverseFamilies {
         self.bytes.series(&[direction as usize])
     }
 }
+
+/// Most agents the per-agent connection families keep series for; the
+/// others are counted under `agent_id="other"`.
+pub const AGENT_SERIES_LIMIT: usize = 10_000;
+
+/// Upper bounds of `konn_connection_duration_seconds`: 10 ms to 4 h.
+pub const CONNECTION_DURATION_BUCKETS: [f64; 10] = [
+    0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0,
+];
+
+/// The byte and duration accounting of tunnelled connections (issue 17),
+/// with the same names on proxy-server and proxy-agent:
+/// `konn_connection_bytes_total{agent_id,direction}` (`to_destination`,
+/// `from_destination`), `konn_connection_duration_seconds{agent_id}`,
+/// `konn_connections_ended_total{result,reason}` and, opted in with a cap,
+/// `konn_destination_bytes_total{destination,direction}`. Counted once per
+/// connection, when it ends (never per packet); the live counts of open
+/// connections are on `/debug/connections`.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnFamilies {
+    bytes: super::DynamicCounterVec,
+    duration: super::DynamicHistogramVec,
+    ended: super::DynamicCounterVec,
+    destination_bytes: super::DynamicCounterVec,
+}
+
+/// One connection's end, as [`ConnFamilies::record`] counts it.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnEnd<'a> {
+    /// The agent it went through.
+    pub agent_id: &'a str,
+    /// `closed`, `refused`, `failed`, `cancelled`.
+    pub result: &'a str,
+    /// Why, in a word (`""` for an ordinary close).
+    pub reason: &'a str,
+    /// Payload bytes towards the destination.
+    pub to_destination: u64,
+    /// Payload bytes from the destination.
+    pub from_destination: u64,
+    /// How long it lived.
+    pub duration: std::time::Duration,
+    /// Its destination (counted only with a per-destination limit).
+    pub destination: &'a str,
+}
+
+const OTHER: &str = "other";
+
+impl ConnFamilies {
+    /// Registers the families (per-destination series off until
+    /// [`ConnFamilies::record`] is given a limit).
+    pub fn register(b: &mut RegistryBuilder) -> Self {
+        let destination_bytes = b.dynamic_counter_vec_limit(
+            "konn_destination_bytes_total",
+            "Payload bytes of tunnelled connections by destination (host:port) and direction (to_destination, from_destination), counted when a connection ends; only with --metrics-per-destination-limit, destinations beyond the limit under destination=\"other\".",
+            &["destination", "direction"],
+            0,
+        );
+        Self {
+            bytes: b.dynamic_counter_vec_limit(
+                "konn_connection_bytes_total",
+                "Payload bytes of tunnelled connections by agent and direction (to_destination, from_destination), counted when a connection ends.",
+                &["agent_id", "direction"],
+                2 * AGENT_SERIES_LIMIT,
+            ),
+            duration: b.dynamic_histogram_vec_limit(
+                "konn_connection_duration_seconds",
+                "Lifetime of tunnelled connections (from the dial to the close), by agent.",
+                &CONNECTION_DURATION_BUCKETS,
+                &["agent_id"],
+                AGENT_SERIES_LIMIT,
+            ),
+            ended: b.dynamic_counter_vec(
+                "konn_connections_ended_total",
+                "Tunnelled connections and dials that ended, by result (closed, refused, failed, cancelled) and reason (empty for an ordinary close).",
+                &["result", "reason"],
+            ),
+            destination_bytes,
+        }
+    }
+
+    /// Count one connection's end; `destination_limit`: destinations with
+    /// their own `konn_destination_bytes_total` series (0: none; the
+    /// others go under `destination="other"`).
+    pub fn record(&self, r: &super::Registry, e: &ConnEnd<'_>, destination_limit: usize) {
+        let per_destination = destination_limit > 0;
+        if per_destination {
+            // Two directions per destination (the overflow pair beyond).
+            r.set_dynamic_counter_limit(self.destination_bytes, 2 * destination_limit);
+        }
+        let dirs = [
+            ("to_destination", e.to_destination),
+            ("from_destination", e.from_destination),
+        ];
+        r.dynamic_counter_add(self.ended, &[e.result, e.reason], 1);
+        if !e.agent_id.is_empty() {
+            for (dir, n) in dirs {
+                r.dynamic_counter_add_or(self.bytes, &[e.agent_id, dir], Some(&[OTHER, dir]), n);
+            }
+            r.dynamic_histogram_observe_or(
+                self.duration,
+                &[e.agent_id],
+                Some(&[OTHER]),
+                e.duration.as_secs_f64(),
+            );
+        }
+        for (dir, n) in dirs {
+            if per_destination && n > 0 {
+                r.dynamic_counter_add_or(
+                    self.destination_bytes,
+                    &[e.destination, dir],
+                    Some(&[OTHER, dir]),
+                    n,
+                );
+            }
+        }
+    }
+
+    /// An agent left: its series go (counters restart if it comes back).
+    pub fn forget_agent(&self, r: &super::Registry, agent_id: &str) {
+        r.dynamic_counter_remove(self.bytes, 0, agent_id);
+        r.dynamic_histogram_remove(self.duration, 0, agent_id);
+    }
+}

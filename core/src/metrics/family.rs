@@ -4,9 +4,9 @@
 //! at [`DYNAMIC_SERIES_LIMIT`] series), or a `process_*` value read at
 //! scrape time.
 
+use super::MetricType;
 use super::ids::Layout;
 use super::process::ProcessMetric;
-use super::{DYNAMIC_SERIES_LIMIT, MetricType};
 
 /// A declared family.
 pub(super) struct Family {
@@ -43,6 +43,8 @@ pub(super) struct Dynamic {
     pub(super) sorted: Box<[usize]>,
     pub(super) bounds: Box<[f64]>,
     pub(super) le: Box<[String]>,
+    /// Most series kept (settable at run time: a flag may set it).
+    pub(super) limit: std::sync::atomic::AtomicUsize,
     // Not on any data path: updated by lease bookkeeping a few times a
     // minute, read by scrapes.
     #[allow(clippy::disallowed_types)]
@@ -65,29 +67,53 @@ impl Dynamic {
     }
 
     /// Applies `update` to the series with `values`, creating it if there is
-    /// room.
-    pub(super) fn update(&self, values: &[&str], update: impl FnOnce(&mut DynamicSeries)) {
+    /// room; when there is none, to the series with `overflow` (created
+    /// beyond the limit if need be), if given.
+    pub(super) fn update(
+        &self,
+        values: &[&str],
+        overflow: Option<&[&str]>,
+        update: impl FnOnce(&mut DynamicSeries),
+    ) {
         if values.len() != self.labels.len() {
             return;
         }
         let mut table = self.lock();
-        let found = table
-            .iter()
-            .position(|s| s.values.iter().map(|v| &**v).eq(values.iter().copied()));
-        let index = match found {
+        let find = |t: &[DynamicSeries], values: &[&str]| {
+            t.iter()
+                .position(|s| s.values.iter().map(|v| &**v).eq(values.iter().copied()))
+        };
+        let new = |values: &[&str]| DynamicSeries {
+            values: values.iter().map(|&v| Box::from(v)).collect(),
+            counts: vec![0; self.bounds.len() + 1].into_boxed_slice(),
+            sum: 0.0,
+        };
+        let index = match find(&table, values) {
             Some(i) => i,
-            None if table.len() < DYNAMIC_SERIES_LIMIT => {
-                table.push(DynamicSeries {
-                    values: values.iter().map(|&v| Box::from(v)).collect(),
-                    counts: vec![0; self.bounds.len() + 1].into_boxed_slice(),
-                    sum: 0.0,
-                });
+            None if table.len() < self.limit.load(std::sync::atomic::Ordering::Relaxed) => {
+                table.push(new(values));
                 table.len() - 1
             }
-            None => return,
+            None => match overflow.filter(|o| o.len() == self.labels.len()) {
+                Some(o) => match find(&table, o) {
+                    Some(i) => i,
+                    None => {
+                        table.push(new(o));
+                        table.len() - 1
+                    }
+                },
+                None => return,
+            },
         };
         if let Some(series) = table.get_mut(index) {
             update(series);
         }
+    }
+
+    /// Removes every series whose label `label` (declared position) is
+    /// `value`.
+    pub(super) fn remove(&self, label: usize, value: &str) {
+        self.lock()
+            .retain(|s| s.values.get(label).is_none_or(|v| &**v != value));
     }
 }

@@ -87,8 +87,21 @@ impl Registry {
     /// in declared order). Ignored if the count of values is wrong or the
     /// family is full.
     pub fn dynamic_counter_add(&self, family: DynamicCounterVec, values: &[&str], n: u64) {
+        self.dynamic_counter_add_or(family, values, None, n);
+    }
+
+    /// [`Registry::dynamic_counter_add`], adding to the series with
+    /// `overflow` instead when the family is full (e.g. `other` for a
+    /// capped label).
+    pub fn dynamic_counter_add_or(
+        &self,
+        family: DynamicCounterVec,
+        values: &[&str],
+        overflow: Option<&[&str]>,
+        n: u64,
+    ) {
         if let Some(d) = self.inner.dynamic(family.family) {
-            d.update(values, |s| {
+            d.update(values, overflow, |s| {
                 if let Some(c) = s.counts.first_mut() {
                     *c = c.wrapping_add(n);
                 }
@@ -98,14 +111,49 @@ impl Registry {
 
     /// Records `v` in the dynamic histogram series with `values`.
     pub fn dynamic_histogram_observe(&self, family: DynamicHistogramVec, values: &[&str], v: f64) {
+        self.dynamic_histogram_observe_or(family, values, None, v);
+    }
+
+    /// [`Registry::dynamic_histogram_observe`] with an overflow series, as
+    /// [`Registry::dynamic_counter_add_or`].
+    pub fn dynamic_histogram_observe_or(
+        &self,
+        family: DynamicHistogramVec,
+        values: &[&str],
+        overflow: Option<&[&str]>,
+        v: f64,
+    ) {
         if let Some(d) = self.inner.dynamic(family.family) {
             let i = bucket_index(&d.bounds, v);
-            d.update(values, |s| {
+            d.update(values, overflow, |s| {
                 if let Some(c) = s.counts.get_mut(i) {
                     *c += 1;
                 }
                 s.sum += v;
             });
+        }
+    }
+
+    /// Removes the series of dynamic counter family `family` whose label
+    /// `label` (declared position) is `value` (e.g. an agent that left).
+    pub fn dynamic_counter_remove(&self, family: DynamicCounterVec, label: usize, value: &str) {
+        if let Some(d) = self.inner.dynamic(family.family) {
+            d.remove(label, value);
+        }
+    }
+
+    /// Sets the most series dynamic counter family `family` keeps (series
+    /// beyond it already kept stay).
+    pub fn set_dynamic_counter_limit(&self, family: DynamicCounterVec, limit: usize) {
+        if let Some(d) = self.inner.dynamic(family.family) {
+            d.limit.store(limit, Relaxed);
+        }
+    }
+
+    /// [`Registry::dynamic_counter_remove`] for a histogram family.
+    pub fn dynamic_histogram_remove(&self, family: DynamicHistogramVec, label: usize, value: &str) {
+        if let Some(d) = self.inner.dynamic(family.family) {
+            d.remove(label, value);
         }
     }
 

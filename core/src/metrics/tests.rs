@@ -176,3 +176,29 @@ fn merged_render_labels_each_part_and_writes_families_once() {
     main.render_merged(&mut plain, "cluster", &[]);
     assert_eq!(plain, main.render_to_string().into_bytes());
 }
+
+#[test]
+fn dynamic_limits_fold_into_the_overflow_series_and_remove_by_label() {
+    let mut b = Registry::builder();
+    let c = b.dynamic_counter_vec_limit("t_bytes_total", "Bytes.", &["agent", "dir"], 2);
+    let r = b.build(1);
+    r.dynamic_counter_add_or(c, &["a", "in"], Some(&["other", "in"]), 1);
+    r.dynamic_counter_add_or(c, &["b", "in"], Some(&["other", "in"]), 2);
+    r.dynamic_counter_add_or(c, &["c", "in"], Some(&["other", "in"]), 3);
+    r.dynamic_counter_add_or(c, &["d", "in"], Some(&["other", "in"]), 4);
+    r.dynamic_counter_add(c, &["e", "in"], 5);
+    let text = r.render_to_string();
+    assert!(
+        text.contains("t_bytes_total{agent=\"a\",dir=\"in\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("t_bytes_total{agent=\"other\",dir=\"in\"} 7"),
+        "{text}"
+    );
+    assert!(!text.contains("agent=\"e\""), "{text}");
+    r.dynamic_counter_remove(c, 0, "a");
+    let text = r.render_to_string();
+    assert!(!text.contains("agent=\"a\""), "{text}");
+    assert!(text.contains("agent=\"b\""), "{text}");
+}

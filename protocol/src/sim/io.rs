@@ -126,7 +126,7 @@ impl Sim {
                     data,
                 };
                 let sent = if connect {
-                    let taken = self.router.connect_data(fid, framed(&p));
+                    let taken = self.router.connect_data(fid, framed(&p), n);
                     self.pump();
                     taken
                 } else {
@@ -417,6 +417,29 @@ impl Sim {
                         fe.held -= credit;
                         fe.window += credit;
                     }
+                }
+            }
+            Action::ConnEnded(s) => {
+                let Some(fe) = self.fes.get_mut(&s.frontend) else {
+                    return self.violate(format!("summary of unknown frontend {}", s.frontend));
+                };
+                fe.summaries += 1;
+                // The router counts what it forwarded: at most what the
+                // frontend sent, at least what it received.
+                let what = if fe.summaries > 1 {
+                    Some(format!("frontend {}: a second summary", s.frontend))
+                } else if s.bytes_to_agent > fe.sent as u64
+                    || s.bytes_from_agent < fe.received as u64
+                {
+                    Some(format!(
+                        "frontend {}: summary bytes {}/{} vs sent {} received {}",
+                        s.frontend, s.bytes_to_agent, s.bytes_from_agent, fe.sent, fe.received
+                    ))
+                } else {
+                    None
+                };
+                if let Some(w) = what {
+                    self.violate(w);
                 }
             }
             Action::DialFailed(_) | Action::DialRefused { .. } | Action::DialSucceeded(_) => {}

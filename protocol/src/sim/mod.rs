@@ -207,6 +207,10 @@ pub struct Frontend {
     pub window: usize,
     /// gRPC: credit the server passed on but the router holds.
     pub held: usize,
+    /// Summaries the router gave of it
+    /// ([`Action::ConnEnded`](crate::server::router::Action::ConnEnded)): one once
+    /// it is gone, never more.
+    pub summaries: usize,
     /// Packets (framed; whether forwarded from the agent) or CONNECT
     /// payloads the server queued on this frontend, unread.
     stream: VecDeque<(Option<Packet>, Bytes, bool)>,
@@ -647,6 +651,10 @@ impl Sim {
         }
         if let Some((c, _)) = self.dests.iter().find(|(_, d)| !d.closed) {
             return Err(format!("destination {c} is open"));
+        }
+        // Every frontend dialled, so each left exactly one summary.
+        if let Some((f, fe)) = self.fes.iter().find(|(_, fe)| fe.summaries != 1) {
+            return Err(format!("frontend {f}: {} summaries", fe.summaries));
         }
         Ok(())
     }

@@ -43,9 +43,11 @@ use konn_core::cli::engine::EngineFlags;
 use konn_core::cli::{Command, FlagSet, GoDuration};
 use konn_core::io::tls::TlsMinVersion;
 use konn_core::log::LogConfig;
+pub use observe::{ObserveFlags, ObserveOptions};
 
 use crate::Error;
 
+mod observe;
 mod register;
 mod validate;
 
@@ -189,6 +191,8 @@ pub struct ServerFlags {
     /// konn's dial admission limits (`--max-*-connections`,
     /// `--max-*-dial-rate`, `--overload-memory-watermark`).
     pub limits: LimitFlags,
+    /// konn's audit log and connection metrics flags.
+    pub observe: ObserveFlags,
 }
 
 /// konn's dial admission flags (docs/design/limits.md); 0 is off.
@@ -283,6 +287,7 @@ impl ServerFlags {
             clusters_config: String::new(),
             connect_header_timeout: GoDuration::from_secs(60),
             limits: LimitFlags::default(),
+            observe: ObserveFlags::default(),
         }
     }
 
@@ -346,6 +351,7 @@ impl ServerFlags {
                 cluster_dial_rate: f.get_int("max-cluster-dial-rate"),
                 overload_memory_watermark: f.get_float32("overload-memory-watermark"),
             },
+            observe: ObserveFlags::from_flags(f),
         }
     }
 
@@ -563,6 +569,8 @@ pub struct ServerOptions {
     pub connect_header_timeout: Option<Duration>,
     /// konn's engine flags.
     pub engine: EngineFlags,
+    /// The audit log and connection metrics (konn).
+    pub observe: ObserveOptions,
     /// Things accepted with a caveat; the binary logs each as a warning.
     pub warnings: Vec<String>,
 }

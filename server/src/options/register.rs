@@ -326,6 +326,7 @@ impl ServerFlags {
              accepted (TLS handshake included), or the connection is closed without an answer \
              (upstream: Go's 60 s ReadHeaderTimeout, fixed). 0 disables.",
         );
+        self.observe.register(f);
         f.set_section(previous);
     }
 }

@@ -250,6 +250,7 @@ impl ServerFlags {
             connect_header_timeout: (!connect_header_timeout.is_zero())
                 .then_some(connect_header_timeout),
             engine,
+            observe: self.observe.validate()?,
             warnings,
         })
     }

@@ -218,17 +218,25 @@ trait Movable: Split + AsyncReadRent + AsyncWriteRent + ReadReady + Sized + 'sta
     /// Detach for a move; on failure the socket comes back, to be served
     /// where it is.
     fn detach(self) -> Result<MovingFd, (Self, Error)>;
+    /// The peer, for the audit log.
+    fn peer(&self) -> Option<Arc<str>>;
 }
 
 impl Movable for TcpStream {
     fn detach(self) -> Result<MovingFd, (Self, Error)> {
         detach_tcp(self).map(MovingFd::Tcp)
     }
+    fn peer(&self) -> Option<Arc<str>> {
+        crate::accounting::tcp_peer(self.peer_addr().ok(), None)
+    }
 }
 
 impl Movable for UnixStream {
     fn detach(self) -> Result<MovingFd, (Self, Error)> {
         detach_unix(self).map(MovingFd::Unix)
+    }
+    fn peer(&self) -> Option<Arc<str>> {
+        crate::accounting::unix_peer(std::os::fd::AsRawFd::as_raw_fd(self))
     }
 }
 
@@ -257,6 +265,7 @@ fn run_grpc_frontend<IO: Movable>(
         outbox.clone(),
         plan.clone(),
     );
+    handler.set_peer(io.peer());
     let (handle, replay) = match resumed {
         Some((input, moved)) => {
             handler.adopt(&moved.streams);

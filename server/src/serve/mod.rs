@@ -122,6 +122,8 @@ pub struct ServerHandle {
     /// starts) or their watcher.
     control: Option<Control>,
     watcher: Option<Watcher>,
+    /// The audit log's writer thread, stopped after the workers.
+    audit_writer: Option<crate::audit::AuditWriter>,
 }
 
 impl ServerHandle {
@@ -267,6 +269,10 @@ impl ServerHandle {
         if let Some(mut c) = control {
             c.stop();
         }
+        // After the workers: every record they queued is written.
+        if let Some(a) = self.audit_writer.take() {
+            a.stop();
+        }
         r
     }
 }
@@ -347,7 +353,25 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
         .map(|s| (s.listeners.addr, s.listeners.path.clone()))
         .unwrap_or_default();
     let starts = Arc::new(starts);
-    let shared = Arc::new(Shared::default());
+    let audit = settings
+        .observe
+        .audit
+        .clone()
+        .map(|cfg| crate::audit::AuditLog::start(cfg, workers))
+        .transpose()
+        .map_err(Error::Io)?;
+    if audit.is_some() {
+        metrics.audit_dropped().touch();
+    }
+    let (audit, audit_writer) = audit.unzip();
+    let shared = Arc::new(Shared {
+        audit,
+        conns: Some(Arc::new(crate::accounting::ConnBoard::new(
+            workers,
+            konn_core::io::clock::now(),
+        ))),
+        ..Shared::default()
+    });
     let settings = Arc::new(settings);
     let listen_stop = Stopper::new();
     let (shared2, metrics2, stop2) = (shared.clone(), metrics.clone(), listen_stop.clone());
@@ -382,6 +406,7 @@ pub fn start(settings: ServerSettings) -> Result<ServerHandle, Error> {
         kube,
         control,
         watcher: None,
+        audit_writer,
     })
 }
 
@@ -596,6 +621,7 @@ async fn router_timer(worker: Rc<Worker>) {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         }
+        crate::accounting::tick(&worker, now);
         let wait = next.map_or(TIMER_TICK, |d| {
             d.saturating_duration_since(now)
                 .clamp(Duration::from_millis(1), TIMER_TICK)
@@ -754,6 +780,12 @@ fn serve_http(worker: &Rc<Worker>, listeners: &Listeners, stop: &StopToken) {
             };
             crate::health::admin_router(registry, backends, profiling)
         };
+        let w = worker.clone();
+        let router = router.route("/debug/connections", move |req| {
+            http1::Response::new(200)
+                .with_header("Content-Type", "application/json")
+                .with_body(crate::accounting::connections_json(&w, req.query()))
+        });
         serve(l, router);
     }
 }

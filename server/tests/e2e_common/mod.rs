@@ -11,7 +11,7 @@
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -67,7 +67,7 @@ impl Pki {
         o.build().unwrap()
     }
 
-    fn client(&self, cert: &std::path::Path, key: &std::path::Path) -> ClientTls {
+    fn client(&self, cert: &Path, key: &Path) -> ClientTls {
         let mut o = ClientTlsOptions::new(PemSource::File(self.files.ca_cert.clone()), "127.0.0.1");
         o.identity = Some((
             PemSource::File(cert.to_owned()),
@@ -237,7 +237,7 @@ impl TestServer {
 
     pub fn frontend(&self) -> FrontendAddr {
         FrontendAddr {
-            unix: self.h().frontend_path().map(std::path::Path::to_path_buf),
+            unix: self.h().frontend_path().map(Path::to_path_buf),
             tcp: self.h().frontend_addr().map(|a| a.to_string()),
             tls: self.frontend_tls.clone(),
         }
@@ -337,6 +337,63 @@ pub fn metric(scrape: &str, series: &str) -> Option<f64> {
             .and_then(|rest| rest.strip_prefix(' '))
             .and_then(|v| v.parse().ok())
     })
+}
+
+/// A [`Tweak`] that turns the audit log on, into `path`.
+pub fn audit_to<'a>(path: PathBuf) -> Tweak<'a> {
+    Box::new(move |s| {
+        s.observe.audit = Some(konn_server::audit::AuditConfig {
+            sink: konn_server::audit::Sink::File(path),
+            max_size: 0,
+            max_backups: 0,
+            queue: 4096,
+        });
+    })
+}
+
+/// With every connection closed: the audit log at `path` holds exactly one
+/// record per ended connection or dial (`konn_connections_ended_total`),
+/// with one `closed` record per connection established (counted apart, by
+/// `dial_duration_seconds`), each a JSON object, and nothing was dropped.
+pub fn assert_audited(server: &TestServer, path: &Path, what: &str) {
+    let text = || server.h().metrics().registry().render_to_string();
+    let ended = || -> f64 {
+        text()
+            .lines()
+            .filter(|l| l.starts_with("konn_connections_ended_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert!(
+        wait_until(T, || lines().len() as f64 == ended()),
+        "{what}: {} audit records, {} ended connections and dials",
+        lines().len(),
+        ended()
+    );
+    let established = metric(
+        &text(),
+        "konnectivity_network_proxy_server_dial_duration_seconds_count",
+    )
+    .unwrap_or(0.0);
+    let closed = lines()
+        .iter()
+        .filter(|l| {
+            assert!(l.starts_with('{') && l.ends_with('}'), "{what}: {l}");
+            l.contains("\"result\":\"closed\"")
+        })
+        .count();
+    assert_eq!(closed as f64, established, "{what}: closed records");
+    assert_eq!(
+        metric(&text(), "konn_audit_records_dropped_total"),
+        Some(0.0)
+    );
 }
 
 /// Waits until `server` holds `n` agent tunnels, or panics.

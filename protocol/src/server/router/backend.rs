@@ -56,6 +56,8 @@ impl Router {
             let Some(f) = self.frontends.get_mut(&fid) else {
                 continue;
             };
+            f.account
+                .end(ConnResult::Closed, "backend_gone", Side::Agent);
             f.established
                 .retain(|&(bid, c)| !(bid == id && c == connect_id));
             // Nobody will RESUME it now.
@@ -84,6 +86,9 @@ impl Router {
             let Some(p) = self.pending.remove(&random) else {
                 continue;
             };
+            if let Some(a) = self.account(p.frontend) {
+                a.end(ConnResult::Failed, "backend_gone", Side::Agent);
+            }
             self.actions
                 .push_back(Action::DialFailed(DialFailure::BackendClose));
             self.fail_dial(p.frontend, random, BACKEND_GONE, DialFail::BackendGone);
@@ -163,6 +168,9 @@ impl Router {
                     return credit;
                 };
                 self.unlink_pending(&p, random);
+                if let Some(a) = self.account(p.frontend) {
+                    a.end(ConnResult::Failed, "dial_closed", Side::Agent);
+                }
                 self.actions
                     .push_back(Action::DialFailed(DialFailure::BackendClose));
                 match self.frontends.get(&p.frontend).map(|f| f.kind) {
@@ -198,6 +206,7 @@ impl Router {
                 } else {
                     (0, credit)
                 };
+                let data_len = data.len() as u64;
                 let (len, action) = match f.kind {
                     FrontendKind::Grpc => (
                         framed.len(),
@@ -214,6 +223,7 @@ impl Router {
                         },
                     ),
                 };
+                f.account.down += data_len;
                 let step = f.rx.push(len, held_credit, &lim, may_pause, now);
                 self.actions.push_back(action);
                 return now_credit + self.flow_step(fid, step, true);
@@ -257,6 +267,7 @@ impl Router {
                 if f.established.is_empty() {
                     f.permits.clear();
                 }
+                f.account.closed(Side::Agent);
                 f.paused = false;
                 let held = std::mem::take(&mut f.held);
                 if held > 0 {
@@ -323,6 +334,11 @@ impl Router {
             }
             return;
         };
+        if let Some(a) = self.account(fid)
+            && (!error.is_empty() || connect_id == 0)
+        {
+            a.end(ConnResult::Failed, "dial_failed", Side::Agent);
+        }
         if !error.is_empty() {
             self.actions
                 .push_back(Action::DialFailed(DialFailure::ErrorResponse));
@@ -361,6 +377,7 @@ impl Router {
             f.established.push((id, connect_id));
             f.rx_backend.get_or_insert(id);
             f.permits.push(std::mem::take(&mut p.permit));
+            f.account.connect_id = connect_id;
         }
         self.actions.push_back(Action::DialSucceeded(
             now.saturating_duration_since(p.started),

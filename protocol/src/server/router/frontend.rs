@@ -2,6 +2,8 @@
 //! arriving, dialling, sending and leaving, and the deadlines of their dials
 //! and queues.
 
+use std::sync::Arc;
+
 use super::*;
 
 impl Router {
@@ -42,7 +44,9 @@ impl Router {
                 random: dial,
                 ..
             } => self.dial(now, id, &address, dial, random, Some(framed)),
-            Packet::Data { connect_id, .. } => {
+            Packet::Data {
+                connect_id, data, ..
+            } => {
                 let Some(backend) = f.backend else {
                     self.send_close_rsp(id, connect_id, "backend not initialized");
                     self.mark_done(id);
@@ -64,12 +68,18 @@ impl Router {
                     for c in [connect_id, first] {
                         self.send_close_rsp(id, c, "mismatched connection IDs");
                     }
+                    if let Some(a) = self.account(id) {
+                        a.end(ConnResult::Closed, "mismatched_ids", Side::Server);
+                    }
                     self.mark_done(id);
                     return;
                 }
                 // konn: only connections this frontend established.
                 match f.established.iter().find(|(_, c)| *c == connect_id) {
-                    Some(&(b, _)) => self.send_backend(b, Payload::Forward(framed)),
+                    Some(&(b, _)) => {
+                        f.account.up += data.len() as u64;
+                        self.send_backend(b, Payload::Forward(framed))
+                    }
                     None => self.send_close_rsp(id, connect_id, "unrecognized connectID"),
                 }
             }
@@ -84,6 +94,9 @@ impl Router {
                     .find(|(_, c)| *c == connect_id)
                     .map_or(backend, |&(b, _)| b);
                 self.send_backend(target, Payload::Forward(framed));
+                if let Some(a) = self.account(id) {
+                    a.closed(Side::Frontend);
+                }
                 // Upstream stops serving the stream after CLOSE_REQ; the
                 // agent's CLOSE_RSP still reaches it.
                 self.mark_done(id);
@@ -93,6 +106,9 @@ impl Router {
                     return;
                 };
                 self.unlink_pending(&p, random);
+                if let Some(a) = self.account(id) {
+                    a.end(ConnResult::Cancelled, "frontend_cancelled", Side::Frontend);
+                }
                 self.actions
                     .push_back(Action::DialFailed(DialFailure::FrontendClose));
                 // konn: tell the agent, which stops dialling.
@@ -122,13 +138,16 @@ impl Router {
         self.dial(now, id, address, dial_random, random, None);
     }
 
-    /// A CONNECT frontend sent payload bytes (already framed as a DATA
-    /// packet by the IO layer) for its connection.
-    pub fn connect_data(&mut self, id: FrontendId, framed: Bytes) -> bool {
-        let Some(&(backend, _)) = self.frontends.get(&id).and_then(|f| f.established.first())
-        else {
+    /// A CONNECT frontend sent `len` payload bytes (already framed as a
+    /// DATA packet by the IO layer) for its connection.
+    pub fn connect_data(&mut self, id: FrontendId, framed: Bytes, len: usize) -> bool {
+        let Some(f) = self.frontends.get_mut(&id) else {
             return false;
         };
+        let Some(&(backend, _)) = f.established.first() else {
+            return false;
+        };
+        f.account.up += len as u64;
         self.send_backend(backend, Payload::Forward(framed));
         true
     }
@@ -142,6 +161,8 @@ impl Router {
         };
         self.reverse_forgotten(&f);
         self.release_rx(&mut f);
+        f.account.closed(Side::Frontend);
+        self.account_ended(id, &mut f);
         for random in f.pending {
             let Some(p) = self.pending.remove(&random) else {
                 continue;
@@ -171,6 +192,9 @@ impl Router {
         };
         let conns = f.established.clone();
         let kind = f.kind;
+        if let Some(a) = self.account(id) {
+            a.end(ConnResult::Closed, "frontend_stuck", Side::Server);
+        }
         for (backend, connect_id) in conns {
             if let Some(b) = self.backends.get_mut(&backend) {
                 b.established.remove(&connect_id);
@@ -197,6 +221,8 @@ impl Router {
                 // Still there for the stream's end; nothing flows any more.
                 f.rx_backend = None;
                 self.frontends.insert(id, f);
+            } else {
+                self.account_ended(id, &mut f);
             }
         }
         if kind != FrontendKind::Grpc {
@@ -233,6 +259,9 @@ impl Router {
                 continue;
             };
             self.unlink_pending(&p, random);
+            if let Some(a) = self.account(p.frontend) {
+                a.end(ConnResult::Failed, "dial_timeout", Side::Server);
+            }
             self.actions
                 .push_back(Action::DialFailed(DialFailure::BackendDialTimeout));
             // Tell the agent to stop dialling (konn's agent honours it).
@@ -264,7 +293,11 @@ impl Router {
         let Some(kind) = self.frontends.get(&id).map(|f| f.kind) else {
             return;
         };
+        self.account_dial(now, id, address);
         let Some(entry) = self.directory.pick(address, random, self.cfg.core) else {
+            if let Some(a) = self.account(id) {
+                a.end(ConnResult::Refused, "no_backend", Side::Server);
+            }
             self.actions
                 .push_back(Action::DialFailed(DialFailure::NoAgent));
             match kind {
@@ -295,11 +328,15 @@ impl Router {
             Ok(p) => p,
             Err(reason) => {
                 let backend = entry.id;
-                self.refuse_dial(id, kind, dial, reason, backend, address);
+                if let Some(a) = self.account(id) {
+                    a.end(ConnResult::Refused, reason.as_str(), Side::Server);
+                }
+                self.refuse_admission(id, kind, dial, reason, backend, address);
                 return;
             }
         };
         let backend = entry.id;
+        let agent_id: Arc<str> = Arc::from(entry.agent_id.as_str());
         if entry.core != self.cfg.core && !self.backends.contains_key(&backend) {
             // A tunnel of another core: flows through it are relayed.
             self.backends.insert(
@@ -313,6 +350,9 @@ impl Router {
         }
         let Some(b) = self.backends.get(&backend) else {
             // Only a directory out of step with this core's tunnels.
+            if let Some(a) = self.account(id) {
+                a.end(ConnResult::Refused, "no_backend", Side::Server);
+            }
             self.actions
                 .push_back(Action::DialFailed(DialFailure::NoAgent));
             self.fail_dial(id, dial, NO_AGENT, DialFail::Error);
@@ -325,11 +365,14 @@ impl Router {
             || b.pending.len() + b.relay_pending.len() >= self.cfg.max_pending_per_backend;
         let reused = self.pending.contains_key(&dial) || b.relay_pending.contains_key(&dial);
         if over || reused {
-            let why = if reused {
-                DIAL_ID_IN_USE
+            let (why, reason) = if reused {
+                (DIAL_ID_IN_USE, "dial_id_in_use")
             } else {
-                TOO_MANY_PENDING
+                (TOO_MANY_PENDING, "too_many_pending")
             };
+            if let Some(a) = self.account(id) {
+                a.end(ConnResult::Refused, reason, Side::Server);
+            }
             self.actions
                 .push_back(Action::DialFailed(DialFailure::NoAgent));
             self.fail_dial(id, dial, why, DialFail::Error);
@@ -340,6 +383,8 @@ impl Router {
             return;
         };
         f.backend = Some(backend);
+        f.account.backend = Some(backend);
+        f.account.agent_id = Some(agent_id);
         f.pending.push(dial);
         b.pending.insert(dial);
         self.pending.insert(
@@ -365,7 +410,7 @@ impl Router {
 
     /// Refuse a dial at admission: a DIAL_RSP error to a gRPC frontend, 503
     /// to a CONNECT one; [`Action::DialRefused`] for metrics and audit.
-    fn refuse_dial(
+    fn refuse_admission(
         &mut self,
         fid: FrontendId,
         kind: FrontendKind,

@@ -257,6 +257,10 @@ pub enum Action {
     },
     /// A dial succeeded after this long (metrics: `dial_duration_seconds`).
     DialSucceeded(Duration),
+    /// A frontend that dialled left the router: its connection's (or
+    /// refused dial's) summary, for the audit log and the byte and
+    /// duration metrics (`account`).
+    ConnEnded(Box<ConnSummary>),
 }
 
 /// What one core's router sends another's (see [`Action::Relay`]).
@@ -368,6 +372,8 @@ struct Frontend {
     /// Admission permits of its established connections (released when
     /// they are all closed or the frontend goes).
     permits: Vec<Permit>,
+    /// Its connection's accounting (audit, byte metrics).
+    account: Account,
 }
 
 impl Frontend {
@@ -385,6 +391,7 @@ impl Frontend {
             held: 0,
             identity: Box::default(),
             permits: Vec::new(),
+            account: Account::default(),
         }
     }
 }
@@ -601,6 +608,7 @@ impl Router {
         if let Some(mut f) = self.frontends.remove(&fid) {
             self.reverse_forgotten(&f);
             self.release_rx(&mut f);
+            self.account_ended(fid, &mut f);
             for (backend, connect_id) in f.established {
                 if let Some(b) = self.backends.get_mut(&backend) {
                     b.established.remove(&connect_id);
@@ -627,6 +635,7 @@ pub fn payload_type(p: &Payload) -> Option<PacketType> {
     }
 }
 
+mod account;
 mod backend;
 mod flow;
 mod frontend;
@@ -634,6 +643,8 @@ mod relay;
 mod responses;
 mod reverse;
 
+use account::Account;
+pub use account::{ConnResult, ConnSummary, ConnView, Side};
 use relay::relay_target;
 use responses::{DialFail, no_tunnel_response, raw_response, refused_response};
 pub use responses::{dial_error_response, dial_error_status};

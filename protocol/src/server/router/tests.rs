@@ -168,7 +168,11 @@ fn happy_path_forwards_bytes_unchanged() {
     assert_eq!(to_frontend_packets(&acts).len(), 1);
     assert_eq!(r.stats().established, 0);
     r.frontend_gone(10);
-    assert!(actions(&mut r).is_empty(), "nothing left to clean up");
+    let acts = actions(&mut r);
+    assert!(
+        matches!(&acts[..], [Action::ConnEnded(_)]),
+        "nothing left to clean up but the summary"
+    );
     assert_eq!(
         r.stats(),
         RouterStats {
@@ -556,7 +560,7 @@ fn connect_happy_path() {
             data: Bytes::from_static(b"hello")
         }]
     );
-    assert!(r.connect_data(20, framed(&data(9, b"req"))));
+    assert!(r.connect_data(20, framed(&data(9, b"req")), 3));
     assert_eq!(
         to_backend_packets(&actions(&mut r)),
         vec![(1, data(9, b"req"))]
@@ -571,10 +575,11 @@ fn connect_happy_path() {
             connect_id: 9,
         },
     );
-    assert_eq!(
-        actions(&mut r),
-        vec![Action::CloseFrontend { frontend: 20 }]
-    );
+    let acts = actions(&mut r);
+    assert!(matches!(
+        &acts[..],
+        [Action::ConnEnded(_), Action::CloseFrontend { frontend: 20 }]
+    ));
     assert_eq!(r.stats().frontends, 0);
 }
 
@@ -1312,7 +1317,7 @@ fn reverse_dial_allowed_connects_and_carries_data_both_ways() {
         [Action::ConnectData { frontend: 500, data }] if &data[..] == b"GET /"
     ));
     // Destination → agent.
-    assert!(r.connect_data(500, framed(&data(id, b"200"))));
+    assert!(r.connect_data(500, framed(&data(id, b"200")), 3));
     assert_eq!(
         to_backend_packets(&actions(&mut r)),
         vec![(1, data(id, b"200"))]
@@ -1604,4 +1609,195 @@ fn frontend_identity_limit_and_overload() {
     from_frontend(&mut r, t0(), 14, dial_req(5));
     assert_eq!(to_backend_packets(&actions(&mut r)).len(), 1);
     r.check_invariants().unwrap();
+}
+
+// ----- accounting (audit records, byte metrics) -------------------------------
+
+fn summaries(acts: &[Action]) -> Vec<ConnSummary> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::ConnEnded(s) => Some((**s).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_established_grpc_connection_leaves_one_summary_with_its_bytes() {
+    let mut r = established();
+    r.set_frontend_peer(10, "uid=0".into());
+    from_frontend(&mut r, t0(), 10, data(7, b"hello"));
+    from_backend(&mut r, t0(), 1, data(7, b"abc"));
+    from_backend(&mut r, t0(), 1, data(7, b"de"));
+    let open: Vec<ConnView> = r.connections(t0()).collect();
+    assert_eq!(open.len(), 1);
+    assert_eq!((open[0].bytes_to_agent, open[0].bytes_from_agent), (5, 5));
+    assert_eq!(open[0].agent_id.as_deref(), Some("agent-1"));
+    from_frontend(&mut r, t0(), 10, Packet::CloseReq { connect_id: 7 });
+    from_backend(
+        &mut r,
+        t0(),
+        1,
+        Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 7,
+        },
+    );
+    assert!(
+        summaries(&actions(&mut r)).is_empty(),
+        "not before it leaves"
+    );
+    r.frontend_gone(10);
+    let s = summaries(&actions(&mut r));
+    assert_eq!(s.len(), 1);
+    let s = &s[0];
+    assert_eq!(
+        (s.result, s.reason, s.closed_by),
+        (ConnResult::Closed, "", Side::Frontend)
+    );
+    assert_eq!((s.bytes_to_agent, s.bytes_from_agent), (5, 5));
+    assert_eq!(&*s.destination, "10.0.0.5:10250");
+    assert_eq!(s.peer.as_deref(), Some("uid=0"));
+    assert_eq!((s.connect_id, s.backend), (7, Some(1)));
+    r.frontend_gone(10);
+    assert!(summaries(&actions(&mut r)).is_empty(), "exactly one");
+}
+
+#[test]
+fn an_agent_close_is_the_agents() {
+    let mut r = established();
+    from_backend(
+        &mut r,
+        t0(),
+        1,
+        Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 7,
+        },
+    );
+    r.frontend_gone(10);
+    let s = summaries(&actions(&mut r));
+    assert_eq!(s[0].closed_by, Side::Agent);
+}
+
+#[test]
+fn refusals_and_failures_leave_one_summary_with_a_reason() {
+    // No agent.
+    let mut r = router();
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(1));
+    r.frontend_gone(10);
+    let s = summaries(&actions(&mut r));
+    assert_eq!(s.len(), 1);
+    assert_eq!(
+        (
+            s[0].result,
+            s[0].reason,
+            s[0].closed_by,
+            s[0].agent_id.clone()
+        ),
+        (ConnResult::Refused, "no_backend", Side::Server, None)
+    );
+    // The agent's dial error.
+    with_agent(&mut r, 1);
+    r.frontend_opened(11, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 11, "10.0.0.5:1", 2, 0);
+    from_backend(&mut r, t0(), 1, dial_rsp(2, 0, "connection refused"));
+    let s = summaries(&actions(&mut r));
+    assert_eq!(
+        (s[0].result, s[0].reason, s[0].closed_by),
+        (ConnResult::Failed, "dial_failed", Side::Agent)
+    );
+    // A timeout.
+    r.frontend_opened(12, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 12, "10.0.0.5:1", 3, 0);
+    r.handle_timeout(t0() + Duration::from_secs(60));
+    let s = summaries(&actions(&mut r));
+    assert_eq!(
+        (s[0].result, s[0].reason, s[0].closed_by),
+        (ConnResult::Failed, "dial_timeout", Side::Server)
+    );
+    // Cancelled by the frontend going away.
+    r.frontend_opened(13, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 13, dial_req(4));
+    r.frontend_gone(13);
+    let s = summaries(&actions(&mut r));
+    assert_eq!(
+        (s[0].result, s[0].reason, s[0].closed_by),
+        (ConnResult::Cancelled, "frontend_close", Side::Frontend)
+    );
+    // A refusal decided outside the router.
+    r.frontend_opened(14, FrontendKind::HttpConnect);
+    r.refuse_dial(t0(), 14, "10.0.0.9:443", 5, "limit reached", "limit_test");
+    let acts = actions(&mut r);
+    assert!(
+        acts.iter()
+            .any(|a| matches!(a, Action::ConnectFailed { frontend: 14, .. }))
+    );
+    let s = summaries(&acts);
+    assert_eq!(
+        (s[0].result, s[0].reason, &*s[0].destination),
+        (ConnResult::Refused, "limit_test", "10.0.0.9:443")
+    );
+    // A frontend that never dialled leaves nothing.
+    r.frontend_opened(15, FrontendKind::Grpc);
+    r.frontend_gone(15);
+    assert!(summaries(&actions(&mut r)).is_empty());
+}
+
+#[test]
+fn connect_bytes_backend_gone_and_stuck_are_accounted() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 10, "10.0.0.5:80", 1, 0);
+    from_backend(&mut r, t0(), 1, dial_rsp(1, 7, ""));
+    let p = data(7, b"0123456789");
+    assert!(r.connect_data(10, framed(&p), 10));
+    from_backend(&mut r, t0(), 1, data(7, b"xyz"));
+    actions(&mut r);
+    r.backend_gone(1);
+    let s = summaries(&actions(&mut r));
+    assert_eq!(s.len(), 1);
+    assert_eq!(
+        (s[0].bytes_to_agent, s[0].bytes_from_agent, s[0].reason),
+        (10, 3, "backend_gone")
+    );
+    assert_eq!(s[0].closed_by, Side::Agent);
+    // A stuck CONNECT frontend.
+    with_agent(&mut r, 2);
+    r.frontend_opened(11, FrontendKind::HttpConnect);
+    r.connect_request(t0(), 11, "10.0.0.5:80", 2, 0);
+    from_backend(&mut r, t0(), 2, dial_rsp(2, 8, ""));
+    actions(&mut r);
+    r.frontend_stuck(11, FRONTEND_STUCK);
+    let s = summaries(&actions(&mut r));
+    assert_eq!(s.len(), 1);
+    assert_eq!(
+        (s[0].result, s[0].reason, s[0].closed_by),
+        (ConnResult::Closed, "frontend_stuck", Side::Server)
+    );
+    assert_eq!(r.connections(t0()).count(), 0);
+}
+
+#[test]
+fn a_second_dial_on_one_stream_leaves_its_own_summary() {
+    let mut r = router();
+    with_agent(&mut r, 1);
+    r.frontend_opened(10, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 10, dial_req(1));
+    from_backend(&mut r, t0(), 1, dial_rsp(1, 0, "connection refused"));
+    assert!(summaries(&actions(&mut r)).is_empty());
+    from_frontend(&mut r, t0(), 10, dial_req(2));
+    let s = summaries(&actions(&mut r));
+    assert_eq!(s.len(), 1, "the first dial's");
+    assert_eq!(
+        (s[0].result, s[0].reason),
+        (ConnResult::Failed, "dial_failed")
+    );
+    from_backend(&mut r, t0(), 1, dial_rsp(2, 7, ""));
+    r.frontend_gone(10);
+    let s = summaries(&actions(&mut r));
+    assert_eq!(s.len(), 1);
+    assert_eq!((s[0].result, s[0].connect_id), (ConnResult::Closed, 7));
 }
