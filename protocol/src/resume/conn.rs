@@ -55,10 +55,10 @@ impl ConnResume {
         self.phase
     }
 
-    /// Whether the connection's source may be read: live, and the replay
-    /// buffer below [`ResumeLimits::replay_limit`].
+    /// Whether the connection's source may be read: live, not closed, and
+    /// the replay buffer below [`ResumeLimits::replay_limit`].
     pub fn may_read(&self, limits: &ResumeLimits) -> bool {
-        self.phase == Phase::Live && self.tx.unacked() < limits.replay_limit
+        self.phase == Phase::Live && !self.tx.fin_sent() && self.tx.unacked() < limits.replay_limit
     }
 
     /// A DATA payload is being sent on the tunnel; the buffer keeps it for
@@ -99,6 +99,43 @@ impl ConnResume {
         self.rx.segment(now, offset, data, limits, deliver)
     }
 
+    /// Our close (CLOSE_REQ / CLOSE_RSP) is being sent after the last
+    /// byte. The connection lingers until [`done`](Self::done).
+    pub fn send_close(&mut self) -> Result<u64, Error> {
+        if self.phase != Phase::Live {
+            return Err(violation("CLOSE sent on a connection that is not live"));
+        }
+        Ok(self.tx.push_fin())
+    }
+
+    /// The peer's close arrived (plain, at the cursor): see
+    /// [`Receiver::close`].
+    pub fn close_received(&mut self, now: Instant, limits: &ResumeLimits) -> Result<(), Error> {
+        if self.phase == Phase::Parked {
+            return Err(violation("CLOSE for a parked connection"));
+        }
+        self.rx.close(now, limits)
+    }
+
+    /// The peer's close at an explicit offset: see [`Receiver::close_at`].
+    pub fn close_received_at(
+        &mut self,
+        now: Instant,
+        offset: u64,
+        limits: &ResumeLimits,
+    ) -> Result<(), Error> {
+        if self.phase == Phase::Parked {
+            return Err(violation("CLOSE for a parked connection"));
+        }
+        self.rx.close_at(now, offset, limits)
+    }
+
+    /// Whether our close and every byte before it are acknowledged: the
+    /// connection's state may go.
+    pub fn done(&self) -> bool {
+        self.tx.done()
+    }
+
     /// The peer's ACK: it received everything below `offset`. Live, it
     /// releases replay bytes; syncing, it is the peer's announcement and
     /// the answer is `true`: send [`replay`](Self::replay) now, then live
@@ -122,7 +159,8 @@ impl ConnResume {
 
     /// What to replay after the peer's announcement: the unacknowledged
     /// segments from its receive offset, in order. Sent as plain DATA,
-    /// before any new data.
+    /// before any new data, and followed by the close if
+    /// [`ReplayBuffer::fin_unacked`].
     pub fn replay(&self) -> impl Iterator<Item = (u64, &Bytes)> + '_ {
         self.tx.segments()
     }
@@ -175,8 +213,9 @@ impl ConnResume {
         &self.rx
     }
 
-    /// The connection closed: release everything held.
-    pub fn close(&mut self) {
+    /// The connection is gone without a resume (window over, tunnel
+    /// refused): release everything held.
+    pub fn abandon(&mut self) {
         self.tx.clear();
         self.rx.park();
     }

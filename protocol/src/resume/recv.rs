@@ -31,6 +31,9 @@ pub struct Receiver {
     held: BTreeMap<u64, Bytes>,
     /// Bytes in `held`.
     held_len: usize,
+    /// The offset of the peer's close, once it arrived. The close counts
+    /// as one unit: delivered (and acknowledged) as `received` passes it.
+    fin_at: Option<u64>,
 }
 
 impl Default for Receiver {
@@ -49,6 +52,7 @@ impl Receiver {
             ack_due: None,
             held: BTreeMap::new(),
             held_len: 0,
+            fin_at: None,
         }
     }
 
@@ -89,11 +93,59 @@ impl Receiver {
         if offset > self.received {
             return self.hold(offset, data, limits);
         }
+        if self.fin_at.is_some_and(|fin| end > fin) {
+            return Err(violation("DATA beyond the close"));
+        }
         let before = self.received;
         self.take(offset, data, deliver);
         self.release_held(deliver);
+        self.take_fin(now);
         self.note_received(now, before, limits);
         Ok(())
+    }
+
+    /// The peer's close (CLOSE_REQ / CLOSE_RSP), plain: at the cursor.
+    /// [`closed`](Self::closed) tells when every byte before it is
+    /// delivered; its acknowledgement is due at once.
+    pub fn close(&mut self, now: Instant, limits: &ResumeLimits) -> Result<(), Error> {
+        self.close_at(now, self.cursor, limits)
+    }
+
+    /// The peer's close at `offset` (after the byte at `offset - 1`).
+    pub fn close_at(
+        &mut self,
+        now: Instant,
+        offset: u64,
+        limits: &ResumeLimits,
+    ) -> Result<(), Error> {
+        match self.fin_at {
+            Some(fin) if fin == offset => return Ok(()), // a replayed close
+            Some(_) => return Err(violation("two different closes")),
+            None => {}
+        }
+        if offset < self.received || self.held.keys().any(|&k| k >= offset) {
+            return Err(violation("a close before delivered data"));
+        }
+        self.fin_at = Some(offset);
+        let before = self.received;
+        self.take_fin(now);
+        self.note_received(now, before, limits);
+        Ok(())
+    }
+
+    /// Counts the close as received once everything before it is.
+    fn take_fin(&mut self, now: Instant) {
+        if self.fin_at == Some(self.received) {
+            self.received = self.received.saturating_add(1);
+            // Due at once: the peer forgets the connection once this is
+            // acknowledged.
+            self.ack_due = Some(now);
+        }
+    }
+
+    /// Whether the peer's close arrived with every byte before it.
+    pub fn closed(&self) -> bool {
+        self.fin_at.is_some_and(|fin| self.received > fin)
     }
 
     /// Delivers the part of `data` (at `offset` ≤ `received`) beyond

@@ -12,8 +12,13 @@ use crate::Error;
 /// yet acknowledged, as the payloads themselves (refcounted [`Bytes`], no
 /// copy), with their offsets.
 ///
-/// Invariant: the held segments cover exactly `[acked, sent)`, in order,
-/// none empty.
+/// The connection's close (CLOSE_REQ / CLOSE_RSP) counts as one more
+/// sequence unit after the last byte, like TCP's FIN: a close lost in a cut
+/// is replayed, and the connection may be forgotten only once the peer
+/// acknowledged `sent + 1` ([`done`](Self::done)).
+///
+/// Invariant: the held segments cover exactly `[acked, sent)` (nothing
+/// once the close is acknowledged), in order, none empty.
 #[derive(Debug, Default)]
 pub struct ReplayBuffer {
     /// The peer has everything below this offset.
@@ -22,6 +27,8 @@ pub struct ReplayBuffer {
     sent: u64,
     /// `[acked, sent)` in order.
     segs: VecDeque<Bytes>,
+    /// The close was sent (at offset `sent`).
+    fin: bool,
 }
 
 impl ReplayBuffer {
@@ -31,14 +38,26 @@ impl ReplayBuffer {
     }
 
     /// Records a payload about to be sent; returns its offset. The buffer
-    /// keeps a reference to `data` until the peer acknowledges it.
+    /// keeps a reference to `data` until the peer acknowledges it. Nothing
+    /// is recorded after the close (a caller bug, ignored).
     pub fn push(&mut self, data: &Bytes) -> u64 {
         let offset = self.sent;
-        if !data.is_empty() {
+        if !data.is_empty() && !self.fin {
             self.sent = self.sent.saturating_add(data.len() as u64);
             self.segs.push_back(data.clone());
         }
         offset
+    }
+
+    /// Records the close, sent after every byte; returns its offset.
+    pub fn push_fin(&mut self) -> u64 {
+        self.fin = true;
+        self.sent
+    }
+
+    /// The offset after the last sequence unit sent (bytes, and the close).
+    fn end(&self) -> u64 {
+        self.sent.saturating_add(u64::from(self.fin))
     }
 
     /// The peer's cumulative acknowledgement: it received everything
@@ -46,13 +65,13 @@ impl ReplayBuffer {
     /// (smaller) acknowledgement releases nothing; one beyond what was
     /// sent is a protocol violation.
     pub fn ack(&mut self, offset: u64) -> Result<usize, Error> {
-        if offset > self.sent {
+        if offset > self.end() {
             return Err(violation("acknowledgement beyond the bytes sent"));
         }
         if offset <= self.acked {
             return Ok(0);
         }
-        let released = span(self.acked, offset);
+        let released = span(self.acked.min(self.sent), offset.min(self.sent));
         let mut left = released;
         // Bounded: every round removes a segment or ends.
         while left > 0 {
@@ -96,20 +115,36 @@ impl ReplayBuffer {
 
     /// Bytes held for replay.
     pub fn unacked(&self) -> u64 {
-        self.sent - self.acked
+        self.sent.saturating_sub(self.acked)
     }
 
-    /// Drops everything held (the connection closed).
+    /// Whether the close was sent.
+    pub fn fin_sent(&self) -> bool {
+        self.fin
+    }
+
+    /// Whether the close was sent and must follow a replay.
+    pub fn fin_unacked(&self) -> bool {
+        self.fin && self.acked <= self.sent
+    }
+
+    /// Whether the close was sent and everything, close included, is
+    /// acknowledged: nothing is left to replay.
+    pub fn done(&self) -> bool {
+        self.fin && self.acked > self.sent
+    }
+
+    /// Drops everything held (the connection is gone without a resume).
     pub fn clear(&mut self) {
         self.segs = VecDeque::new();
-        self.acked = self.sent;
+        self.acked = self.end();
     }
 
     #[doc(hidden)]
     /// The invariant, for tests and the fuzz harness.
     pub fn check_invariants(&self) -> Result<(), String> {
         let held: u64 = self.segs.iter().map(|s| s.len() as u64).sum();
-        if self.acked > self.sent || held != self.sent - self.acked {
+        if self.acked > self.end() || held != self.unacked() {
             return Err(format!(
                 "replay buffer holds {held} bytes for [{}, {})",
                 self.acked, self.sent

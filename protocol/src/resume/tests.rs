@@ -133,6 +133,42 @@ fn a_resume_replays_from_the_peers_offset() {
 }
 
 #[test]
+fn a_close_lost_in_a_cut_is_replayed_and_acknowledged() {
+    let t0 = test_epoch();
+    let l = limits();
+    let (mut a, mut b) = (ConnResume::new(), ConnResume::new());
+    let data = Bytes::from_static(b"last words");
+    a.send(&data).unwrap();
+    assert_eq!(a.send_close(), Ok(10));
+    assert!(!a.may_read(&l) && !a.done());
+    // The cut loses both the DATA and the close.
+    a.park();
+    b.park();
+    a.begin_sync();
+    assert_eq!(b.begin_sync(), 0);
+    assert_eq!(a.ack(0), Ok(true));
+    assert!(a.tx().fin_unacked());
+    let mut got = Vec::new();
+    for (_, seg) in a.replay() {
+        b.data(t0, seg.clone(), &l, &mut collect(&mut got)).unwrap();
+    }
+    b.close_received(t0, &l).unwrap();
+    assert!(b.rx().closed());
+    assert_eq!(got, &data[..]);
+    // Once `b` is live again (it had `a`'s announcement), the close's
+    // acknowledgement is due at once and lets `a` forget.
+    assert_eq!(b.poll_ack(t0, &l), None);
+    assert_eq!(b.ack(0), Ok(true));
+    assert_eq!(b.poll_ack(t0, &l), Some(11));
+    assert_eq!(a.ack(11), Ok(false));
+    assert!(a.done());
+    assert!(
+        b.data(t0, data.clone(), &l, &mut |_| {}).is_err(),
+        "DATA after the close"
+    );
+}
+
+#[test]
 fn a_resume_below_the_acknowledged_offset_is_refused() {
     let mut a = ConnResume::new();
     a.send(&Bytes::from_static(b"abcdef")).unwrap();
@@ -202,6 +238,10 @@ enum Msg {
     /// A replayed segment with its offset (split, duplicated, reordered).
     Seg(u64, Bytes),
     Ack(u64),
+    /// CLOSE_REQ / CLOSE_RSP, plain.
+    Close,
+    /// A replayed close with its offset.
+    CloseAt(u64),
 }
 
 #[derive(Clone, Debug)]
@@ -212,6 +252,8 @@ enum Op {
     Deliver(usize, usize),
     /// Side sends its ACK if one is due.
     Ack(usize),
+    /// Side closes, if it sent its whole source.
+    Close(usize),
     /// The clock moves.
     Tick(u64),
     /// The tunnel breaks after `k0` / `k1` of the in-flight messages
@@ -226,9 +268,10 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0..2usize, 1..700usize).prop_map(|(s, l)| Op::Send(s, l)),
         6 => (0..2usize, 1..8usize).prop_map(|(s, n)| Op::Deliver(s, n)),
         3 => (0..2usize).prop_map(Op::Ack),
+        2 => (0..2usize).prop_map(Op::Close),
         2 => (0..30u64).prop_map(Op::Tick),
-        1 => (0..20usize, 0..20usize).prop_map(|(a, b)| Op::Cut(a, b)),
-        1 => Just(Op::Resume),
+        2 => (0..20usize, 0..20usize).prop_map(|(a, b)| Op::Cut(a, b)),
+        2 => Just(Op::Resume),
     ]
 }
 
@@ -259,15 +302,15 @@ fn next(seed: &mut u64) -> u64 {
 }
 
 impl Model {
-    fn new(seed: u8) -> Self {
-        let side = |k: u8| Side {
+    fn new(seed: u8, lens: [usize; 2]) -> Self {
+        let side = |k: u8, len: usize| Side {
             conn: ConnResume::new(),
-            source: (0..20_000u32).map(|i| (i as u8) ^ k ^ seed).collect(),
+            source: (0..len).map(|i| (i as u8) ^ k ^ seed).collect(),
             read: 0,
             delivered: Vec::new(),
         };
         Self {
-            sides: [side(0), side(0x5a)],
+            sides: [side(0, lens[0]), side(0x5a, lens[1])],
             wire: [VecDeque::new(), VecDeque::new()],
             now: test_epoch(),
             parked: false,
@@ -300,6 +343,16 @@ impl Model {
             Op::Ack(s) => {
                 if let Some(off) = self.sides[s].conn.poll_ack(self.now, &self.limits) {
                     self.wire[1 - s].push_back(Msg::Ack(off));
+                }
+            }
+            Op::Close(s) => {
+                let side = &mut self.sides[s];
+                if side.read == side.source.len()
+                    && side.conn.phase() == Phase::Live
+                    && !side.conn.tx().fin_sent()
+                {
+                    side.conn.send_close().unwrap();
+                    self.wire[1 - s].push_back(Msg::Close);
                 }
             }
             Op::Tick(ms) => self.now += Duration::from_millis(ms),
@@ -353,13 +406,16 @@ impl Model {
                 .conn
                 .segment(now, o, d, &limits, &mut collect(out))
                 .unwrap(),
+            Msg::Close => side.conn.close_received(now, &limits).unwrap(),
+            Msg::CloseAt(o) => side.conn.close_received_at(now, o, &limits).unwrap(),
             Msg::Ack(off) => {
                 if side.conn.ack(off).unwrap() {
                     // The replay as a mangling wire would deliver it (the
                     // property must hold for duplicated and reordered
                     // segments too).
                     let mut seed = off ^ 0x9e37_79b9_7f4a_7c15 ^ (to as u64);
-                    let batch = mangle(side.conn.replay(), &mut seed);
+                    let fin = side.conn.tx().fin_unacked().then(|| side.conn.tx().sent());
+                    let batch = mangle(side.conn.replay(), fin, &mut seed);
                     self.wire[1 - to].extend(batch);
                 }
             }
@@ -371,14 +427,18 @@ impl Model {
     fn finish(&mut self) {
         self.resume();
         for _ in 0..100_000 {
-            let busy = self.sides.iter().any(|s| s.read < s.source.len())
-                || self.wire.iter().any(|w| !w.is_empty())
-                || self.sides.iter().any(|s| s.conn.tx().unacked() > 0);
+            let busy = self.wire.iter().any(|w| !w.is_empty())
+                || self
+                    .sides
+                    .iter()
+                    .any(|s| !s.conn.done() || !s.conn.rx().closed());
             if !busy {
                 break;
             }
             self.step(&Op::Send(0, 512));
             self.step(&Op::Send(1, 512));
+            self.step(&Op::Close(0));
+            self.step(&Op::Close(1));
             self.step(&Op::Deliver(0, 16));
             self.step(&Op::Deliver(1, 16));
             self.step(&Op::Tick(10));
@@ -393,6 +453,8 @@ impl Model {
                 "side {s}'s stream length"
             );
             assert!(peer.delivered == me.source, "side {s}'s stream differs");
+            assert!(me.conn.done(), "side {s}'s close acknowledged");
+            assert!(peer.conn.rx().closed(), "side {s}'s close delivered");
             assert_eq!(me.conn.tx().unacked(), 0);
             assert_eq!(peer.conn.rx().held(), 0);
         }
@@ -402,7 +464,11 @@ impl Model {
 /// A replay as a mangling wire delivers it: segments split at random
 /// points, some pieces duplicated, the batch shuffled — unless `seed`
 /// says to send it plain, as the real wire does.
-fn mangle<'a>(segs: impl Iterator<Item = (u64, &'a Bytes)>, seed: &mut u64) -> Vec<Msg> {
+fn mangle<'a>(
+    segs: impl Iterator<Item = (u64, &'a Bytes)>,
+    fin: Option<u64>,
+    seed: &mut u64,
+) -> Vec<Msg> {
     let plain = next(seed).is_multiple_of(4);
     let mut out = Vec::new();
     for (off, seg) in segs {
@@ -431,6 +497,12 @@ fn mangle<'a>(segs: impl Iterator<Item = (u64, &'a Bytes)>, seed: &mut u64) -> V
             _ => {}
         }
     }
+    if let Some(at) = fin {
+        out.push(if plain { Msg::Close } else { Msg::CloseAt(at) });
+        if !plain && next(seed).is_multiple_of(3) {
+            out.push(Msg::CloseAt(at));
+        }
+    }
     if !plain {
         // Fisher–Yates with the seed.
         for i in (1..out.len()).rev() {
@@ -442,18 +514,20 @@ fn mangle<'a>(segs: impl Iterator<Item = (u64, &'a Bytes)>, seed: &mut u64) -> V
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-    /// Random sends, deliveries, ACK timing, cuts (with random parts of
-    /// the in-flight data lost) and resumes whose replays are split,
-    /// duplicated and reordered: each side delivers exactly the other's
-    /// stream, every byte once and in order, and ends with nothing held.
+    /// Random sends, closes, deliveries, ACK timing, cuts (with random
+    /// parts of the in-flight data lost) and resumes whose replays are
+    /// split, duplicated and reordered: each side delivers exactly the
+    /// other's stream, every byte once and in order, then its close, and
+    /// both end with everything acknowledged and nothing held.
     #[test]
     fn delivered_stream_equals_sent_stream(
         seed in any::<u8>(),
+        lens in [0..3000usize, 0..3000usize],
         ops in proptest::collection::vec(op(), 0..400),
     ) {
-        let mut m = Model::new(seed);
+        let mut m = Model::new(seed, lens);
         for op in &ops {
             m.step(op);
         }
@@ -465,7 +539,7 @@ proptest! {
 fn per_connection_state_is_small() {
     // The S5 budget: resume may add at most 1 KiB per connection; an idle
     // connection's resume state allocates nothing beyond this.
-    assert!(std::mem::size_of::<ConnResume>() <= 256);
+    assert!(size_of::<ConnResume>() <= 256);
     let c = ConnResume::new();
     assert_eq!(c.held_bytes(), 0);
 }
