@@ -381,7 +381,10 @@ impl Tunnel {
             | Packet::Pause { .. }
             | Packet::Resume { .. }
             | Packet::ReverseDialReq { .. }
-            | Packet::ReverseDialRsp { .. } => {}
+            | Packet::ReverseDialRsp { .. }
+            // konn-resume: not negotiated by this tunnel yet.
+            | Packet::Ack { .. }
+            | Packet::Resumed => {}
         }
         // Everything but DATA to an open endpoint is done with.
         self.release(credit);

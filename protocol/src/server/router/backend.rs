@@ -288,7 +288,10 @@ impl Router {
             | Packet::CloseReq { .. }
             | Packet::Pause { .. }
             | Packet::Resume { .. }
-            | Packet::ReverseDialRsp { .. } => {}
+            | Packet::ReverseDialRsp { .. }
+            // konn-resume: not negotiated by the router yet.
+            | Packet::Ack { .. }
+            | Packet::Resumed => {}
         }
         credit
     }

@@ -97,7 +97,9 @@ impl Router {
             | Packet::CloseRsp { .. }
             | Packet::Drain
             | Packet::Pause { .. }
-            | Packet::Resume { .. } => {}
+            | Packet::Resume { .. }
+            | Packet::Ack { .. }
+            | Packet::Resumed => {}
         }
     }
 

@@ -73,7 +73,9 @@ impl Router {
             | Packet::CloseRsp { .. }
             | Packet::Drain
             | Packet::ReverseDialReq { .. }
-            | Packet::ReverseDialRsp { .. } => return,
+            | Packet::ReverseDialRsp { .. }
+            | Packet::Ack { .. }
+            | Packet::Resumed => return,
         }
         self.send_backend(backend, Payload::Forward(framed));
     }
@@ -132,6 +134,8 @@ pub(super) fn relay_target(b: &mut Backend, packet: &Packet) -> Option<usize> {
         | Packet::CloseReq { .. }
         | Packet::Drain
         | Packet::ReverseDialReq { .. }
-        | Packet::ReverseDialRsp { .. } => None,
+        | Packet::ReverseDialRsp { .. }
+        | Packet::Ack { .. }
+        | Packet::Resumed => None,
     }
 }
