@@ -136,6 +136,16 @@ impl ConnResume {
         self.tx.done()
     }
 
+    /// Whether the connection ended and nothing about it is owed: a close
+    /// was sent or received; ours (if sent) is acknowledged, and the
+    /// peer's (if received) has its ACK sent. Konnectivity has no
+    /// half-close, so either close ends the connection.
+    pub fn finished(&self) -> bool {
+        let own = self.tx.fin_sent();
+        let peer = self.rx.closed();
+        (own || peer) && (!own || self.tx.done()) && (!peer || !self.rx.ack_pending())
+    }
+
     /// The peer's ACK: it received everything below `offset`. Live, it
     /// releases replay bytes; syncing, it is the peer's announcement and
     /// the answer is `true`: send [`replay`](Self::replay) now, then live

@@ -20,6 +20,9 @@
 //! - [`ConnResume`] — both halves of one connection and its phase
 //!   (`Live → Parked → Syncing → Live`), the unit the router and the
 //!   agent's tunnel keep per connectID.
+//! - [`ResumeSession`] — one tunnel's connections: ACKs due, parking,
+//!   the resume handshake (announcing ACKs, RESUMED), what to replay;
+//!   what the agent's tunnel and the router's backend embed.
 //! - [`ParkTable`] — the server's parked tunnels: token, the agent's
 //!   authenticated identity, deadline; claiming one needs both.
 //!
@@ -33,6 +36,7 @@ mod conn;
 mod park;
 mod recv;
 mod send;
+mod session;
 #[cfg(test)]
 mod tests;
 
@@ -42,6 +46,7 @@ pub use conn::{ConnResume, Phase};
 pub use park::{ClaimError, ParkTable, ResumeToken};
 pub use recv::Receiver;
 pub use send::ReplayBuffer;
+pub use session::{Replay, ResumeSession, SessionState};
 
 use crate::Error;
 

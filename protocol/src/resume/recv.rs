@@ -215,6 +215,11 @@ impl Receiver {
         self.received
     }
 
+    /// Whether something received is not acknowledged yet.
+    pub fn ack_pending(&self) -> bool {
+        self.received > self.ack_sent
+    }
+
     /// When [`poll_ack`](Self::poll_ack) has something to send by time.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.ack_due.filter(|_| self.received > self.ack_sent)

@@ -543,3 +543,187 @@ fn per_connection_state_is_small() {
     let c = ConnResume::new();
     assert_eq!(c.held_bytes(), 0);
 }
+
+// ---- ResumeSession: a tunnel's connections across a cut ---------------
+
+/// What one side of a tunnel puts on the wire in these tests.
+#[derive(Clone, Debug, PartialEq)]
+enum W {
+    Data(i64, Bytes),
+    Close(i64),
+    P(Packet),
+}
+
+use konn_frames::packet::Packet;
+
+/// One side: its session, what it delivered per connection, the closes
+/// it saw, and what it has sent towards the other side.
+struct End {
+    s: ResumeSession,
+    got: std::collections::HashMap<i64, Vec<u8>>,
+    closed: Vec<i64>,
+    out: VecDeque<W>,
+}
+
+impl End {
+    fn new(ids: &[i64]) -> Self {
+        let mut s = ResumeSession::new(limits());
+        for &id in ids {
+            s.open(id);
+        }
+        Self {
+            s,
+            got: Default::default(),
+            closed: Vec::new(),
+            out: VecDeque::new(),
+        }
+    }
+
+    fn send(&mut self, id: i64, data: &'static [u8]) {
+        let b = Bytes::from_static(data);
+        self.s.sent(id, &b).unwrap();
+        self.out.push_back(W::Data(id, b));
+    }
+
+    fn close(&mut self, id: i64) {
+        self.s.close_sent(id).unwrap();
+        self.out.push_back(W::Close(id));
+    }
+
+    fn flush_acks(&mut self, now: Instant) {
+        while let Some(p) = self.s.poll_packet(now) {
+            self.out.push_back(W::P(p));
+        }
+    }
+
+    fn receive(&mut self, now: Instant, w: W) {
+        match w {
+            W::Data(id, d) => {
+                let got = self.got.entry(id).or_default();
+                self.s
+                    .received(now, id, d, &mut |b: Bytes| got.extend_from_slice(&b))
+                    .unwrap();
+            }
+            W::Close(id) => {
+                if self.s.close_received(now, id).unwrap() {
+                    self.closed.push(id);
+                }
+            }
+            W::P(Packet::Ack { connect_id, offset }) => {
+                // An announcement for a connection we forgot is answered
+                // with a close by the caller; nothing to do here.
+                if let Ok(Some(r)) = self.s.ack(connect_id, offset) {
+                    for d in r.data {
+                        self.out.push_back(W::Data(connect_id, d));
+                    }
+                    if r.close {
+                        self.out.push_back(W::Close(connect_id));
+                    }
+                }
+            }
+            W::P(Packet::Resumed) => {
+                for id in self.s.peer_resumed() {
+                    self.closed.push(id);
+                }
+            }
+            W::P(p) => panic!("unexpected {p:?}"),
+        }
+        self.s.check_invariants().unwrap();
+    }
+}
+
+/// Moves everything both ways until quiet (bounded).
+fn pump(now: Instant, a: &mut End, b: &mut End) {
+    for _ in 0..100 {
+        a.flush_acks(now);
+        b.flush_acks(now);
+        if a.out.is_empty() && b.out.is_empty() {
+            return;
+        }
+        while let Some(w) = a.out.pop_front() {
+            b.receive(now, w);
+        }
+        while let Some(w) = b.out.pop_front() {
+            a.receive(now, w);
+        }
+    }
+    panic!("no quiescence");
+}
+
+#[test]
+fn a_session_resumes_data_and_closes_lost_in_a_cut() {
+    let t0 = test_epoch();
+    let (mut srv, mut agt) = (End::new(&[1, 2, 3]), End::new(&[1, 2, 3]));
+    srv.send(1, b"kubectl ");
+    agt.send(1, b"exec ");
+    pump(t0, &mut srv, &mut agt);
+    // Connection 2 ends at the agent (destination EOF): CLOSE_RSP arrives,
+    // the server acknowledges it, and the ACK is lost in the cut.
+    agt.close(2);
+    while let Some(w) = agt.out.pop_front() {
+        srv.receive(t0, w);
+    }
+    assert_eq!(srv.closed, vec![2]);
+    srv.flush_acks(t0);
+    assert!(!srv.s.contains(2), "acknowledged and forgotten");
+    // In flight and lost: more data both ways, and connection 3's last
+    // bytes and close.
+    srv.send(1, b"-it pod ");
+    agt.send(1, b"sh-5.2# ");
+    agt.send(3, b"bye");
+    agt.close(3);
+    srv.out.clear();
+    agt.out.clear();
+    let window = Duration::from_secs(3);
+    srv.s.park(t0, window);
+    agt.s.park(t0, window);
+    assert!(!srv.s.may_read(1) && !agt.s.may_read(1));
+    assert_eq!(srv.s.poll_timeout(), Some(t0 + window));
+    assert!(!srv.s.expired(t0 + window - Duration::from_millis(1)));
+    // The reconnect: both announce, replay, and settle.
+    srv.s.resume();
+    agt.s.resume();
+    pump(t0, &mut srv, &mut agt);
+    assert_eq!(srv.s.state(), SessionState::Live);
+    assert_eq!(srv.got[&1], b"exec sh-5.2# ");
+    assert_eq!(agt.got[&1], b"kubectl -it pod ");
+    assert_eq!(srv.got[&3], b"bye");
+    assert_eq!(srv.closed, vec![2, 3]);
+    // The agent's connection 2 was not announced by the server: gone.
+    assert_eq!(agt.closed, vec![2]);
+    assert!(!agt.s.contains(2) && !agt.s.contains(3) && !srv.s.contains(3));
+    assert!(srv.s.may_read(1) && agt.s.may_read(1));
+    // Both sides hold nothing once ACKs flowed.
+    srv.send(1, b"ls\n");
+    pump(t0 + Duration::from_millis(20), &mut srv, &mut agt);
+    pump(t0 + Duration::from_millis(40), &mut srv, &mut agt);
+    assert_eq!(srv.s.held_bytes(), 0);
+    assert_eq!(agt.s.held_bytes(), 0);
+}
+
+#[test]
+fn a_parked_session_expires_and_abandons_everything() {
+    let t0 = test_epoch();
+    let mut s = ResumeSession::new(limits());
+    s.open(4);
+    s.open(-1);
+    s.sent(4, &Bytes::from_static(b"x")).unwrap();
+    s.park(t0, Duration::from_secs(1));
+    assert!(s.sent(4, &Bytes::from_static(b"y")).is_err());
+    assert!(s.expired(t0 + Duration::from_secs(1)));
+    let mut gone = s.abandon();
+    gone.sort_unstable();
+    assert_eq!(gone, vec![-1, 4]);
+    assert!(s.is_empty());
+    assert_eq!(s.held_bytes(), 0);
+}
+
+#[test]
+fn a_session_refuses_bad_acks() {
+    let mut s = ResumeSession::new(limits());
+    s.open(1);
+    assert!(s.ack(1, -5).is_err());
+    assert!(s.ack(1, 1).is_err(), "nothing sent");
+    assert!(s.ack(9, 0).is_err(), "unknown connection");
+    assert_eq!(s.ack(1, 0), Ok(None));
+}

@@ -1,0 +1,326 @@
+//! One tunnel's resume state: every connection's [`ConnResume`], the ACKs
+//! due, parking and the resume handshake — the layer the agent's tunnel
+//! and the router's backend embed behind small hooks.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use konn_frames::packet::Packet;
+
+use super::{ConnResume, Phase, ResumeLimits, violation};
+use crate::Error;
+
+/// Where the tunnel stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    /// The tunnel is up.
+    Live,
+    /// The tunnel broke; its connections wait until `deadline`.
+    Parked {
+        /// The end of the resume window.
+        deadline: Instant,
+    },
+    /// On the resumed tunnel, before the peer's RESUMED.
+    Syncing,
+}
+
+/// What to send for one connection once the peer announced its offset:
+/// the unacknowledged payloads (as plain DATA, in order), then the close if
+/// it was sent and not acknowledged.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Replay {
+    /// The payloads, in order (zero-copy handles of the sent buffers).
+    pub data: Vec<Bytes>,
+    /// Re-send the close (CLOSE_REQ / CLOSE_RSP) after them.
+    pub close: bool,
+}
+
+/// The resume state of one tunnel's connections.
+#[derive(Debug)]
+pub struct ResumeSession {
+    limits: ResumeLimits,
+    conns: HashMap<i64, ConnResume>,
+    state: SessionState,
+    /// Connections that may owe an ACK (each listed once).
+    ack_owed: Vec<i64>,
+    /// Handshake packets to send (ACKs announcing offsets, RESUMED).
+    out: VecDeque<Packet>,
+    /// The connections the peer announced during the handshake.
+    announced: HashSet<i64>,
+}
+
+impl ResumeSession {
+    /// A live session with no connections.
+    pub fn new(limits: ResumeLimits) -> Self {
+        Self {
+            limits,
+            conns: HashMap::new(),
+            state: SessionState::Live,
+            ack_owed: Vec::new(),
+            out: VecDeque::new(),
+            announced: HashSet::new(),
+        }
+    }
+
+    /// The tunnel's state.
+    pub fn state(&self) -> SessionState {
+        self.state
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &ResumeLimits {
+        &self.limits
+    }
+
+    /// A connection was established (DIAL_RSP): track it from offset 0.
+    pub fn open(&mut self, id: i64) {
+        self.conns.entry(id).or_default();
+    }
+
+    /// Whether the connection is tracked.
+    pub fn contains(&self, id: i64) -> bool {
+        self.conns.contains_key(&id)
+    }
+
+    /// The connection's state.
+    pub fn conn(&self, id: i64) -> Option<&ConnResume> {
+        self.conns.get(&id)
+    }
+
+    /// Connections tracked (live, parked or lingering after their close).
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Whether no connection is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// Whether the connection's source may be read now.
+    pub fn may_read(&self, id: i64) -> bool {
+        self.state == SessionState::Live
+            && self
+                .conns
+                .get(&id)
+                .is_some_and(|c| c.may_read(&self.limits))
+    }
+
+    /// A DATA payload for `id` is being sent: keep it for replay.
+    pub fn sent(&mut self, id: i64, data: &Bytes) -> Result<(), Error> {
+        self.conn_mut(id)?.send(data).map(drop)
+    }
+
+    /// Our close for `id` is being sent: the connection lingers until the
+    /// peer acknowledges it ([`ack`](Self::ack) forgets it then, see
+    /// [`ConnResume::finished`]).
+    pub fn close_sent(&mut self, id: i64) -> Result<(), Error> {
+        self.conn_mut(id)?.send_close().map(drop)
+    }
+
+    /// A plain DATA payload for `id` arrived: `deliver` gets the new bytes
+    /// (normally the whole payload; nothing for a duplicate).
+    pub fn received(
+        &mut self,
+        now: Instant,
+        id: i64,
+        data: Bytes,
+        deliver: &mut impl FnMut(Bytes),
+    ) -> Result<(), Error> {
+        let limits = self.limits;
+        let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
+        conn.data(now, data, &limits, deliver)?;
+        Self::owe(&mut self.ack_owed, id);
+        Ok(())
+    }
+
+    /// The peer's close for `id` arrived; returns whether it is new (the
+    /// caller acts on it) rather than a replayed duplicate. Its ACK is due
+    /// at once; once that is sent (and our own close, if any, is
+    /// acknowledged) the connection is forgotten.
+    pub fn close_received(&mut self, now: Instant, id: i64) -> Result<bool, Error> {
+        let limits = self.limits;
+        let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
+        let before = conn.rx().closed();
+        conn.close_received(now, &limits)?;
+        Self::owe(&mut self.ack_owed, id);
+        Ok(!before && conn.rx().closed())
+    }
+
+    fn owe(owed: &mut Vec<i64>, id: i64) {
+        if !owed.contains(&id) {
+            owed.push(id);
+        }
+    }
+
+    /// The peer's ACK for `id`. Live: releases replay bytes, and forgets a
+    /// connection whose close is now acknowledged. Syncing: the peer's
+    /// announcement — the answer is what to replay now.
+    pub fn ack(&mut self, id: i64, offset: i64) -> Result<Option<Replay>, Error> {
+        let offset = u64::try_from(offset).map_err(|_| violation("negative ACK offset"))?;
+        if self.state == SessionState::Syncing {
+            self.announced.insert(id);
+        }
+        let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
+        let replay = if conn.ack(offset)? {
+            Some(Replay {
+                data: conn.replay().map(|(_, b)| b.clone()).collect(),
+                close: conn.tx().fin_unacked(),
+            })
+        } else {
+            None
+        };
+        if conn.finished() {
+            self.forget(id);
+        }
+        Ok(replay)
+    }
+
+    /// The next ACK to send, if one is due (and the handshake's packets
+    /// first).
+    pub fn poll_packet(&mut self, now: Instant) -> Option<Packet> {
+        if let Some(p) = self.out.pop_front() {
+            return Some(p);
+        }
+        let mut i = 0;
+        // Bounded: each round removes an entry or moves past one.
+        while let Some(&id) = self.ack_owed.get(i) {
+            let limits = self.limits;
+            let Some(conn) = self.conns.get_mut(&id) else {
+                self.ack_owed.swap_remove(i);
+                continue;
+            };
+            if let Some(offset) = conn.poll_ack(now, &limits) {
+                self.ack_owed.swap_remove(i);
+                if conn.finished() {
+                    self.conns.remove(&id);
+                }
+                return Some(Packet::Ack {
+                    connect_id: id,
+                    offset: i64::try_from(offset).unwrap_or(i64::MAX),
+                });
+            }
+            if !conn.rx().ack_pending() {
+                // Nothing owed any more (announced in a handshake).
+                self.ack_owed.swap_remove(i);
+                continue;
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// When an ACK is due by time, or the window ends.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if let SessionState::Parked { deadline } = self.state {
+            return Some(deadline);
+        }
+        if !self.out.is_empty() {
+            return None; // due now: poll_packet
+        }
+        self.ack_owed
+            .iter()
+            .filter_map(|id| self.conns.get(id)?.poll_timeout())
+            .min()
+    }
+
+    /// Forgets a connection (closed without a resume to wait for, or fully
+    /// acknowledged); returns the bytes it held.
+    pub fn forget(&mut self, id: i64) -> u64 {
+        self.ack_owed.retain(|&x| x != id);
+        self.conns.remove(&id).map_or(0, |c| c.held_bytes())
+    }
+
+    /// The tunnel broke: park every connection until `now + window`.
+    pub fn park(&mut self, now: Instant, window: Duration) {
+        for conn in self.conns.values_mut() {
+            conn.park();
+        }
+        self.ack_owed.clear();
+        self.out.clear();
+        self.announced.clear();
+        self.state = SessionState::Parked {
+            deadline: now.checked_add(window).unwrap_or(now),
+        };
+    }
+
+    /// Whether the window of a parked tunnel ended at `now`: the caller
+    /// closes every connection as on a lost tunnel ([`abandon`](Self::abandon)).
+    pub fn expired(&self, now: Instant) -> bool {
+        matches!(self.state, SessionState::Parked { deadline } if deadline <= now)
+    }
+
+    /// The tunnel resumed: announce every parked connection's receive
+    /// offset (ACKs), then RESUMED; see [`poll_packet`](Self::poll_packet).
+    pub fn resume(&mut self) {
+        let mut ids: Vec<i64> = self.conns.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            if let Some(conn) = self.conns.get_mut(&id) {
+                let offset = conn.begin_sync();
+                self.out.push_back(Packet::Ack {
+                    connect_id: id,
+                    offset: i64::try_from(offset).unwrap_or(i64::MAX),
+                });
+            }
+        }
+        self.out.push_back(Packet::Resumed);
+        self.announced.clear();
+        self.state = SessionState::Syncing;
+    }
+
+    /// The peer's RESUMED: the connections it did not announce are gone at
+    /// its end; they are forgotten here and returned, for the caller to
+    /// close as on a lost tunnel. The session is live again.
+    pub fn peer_resumed(&mut self) -> Vec<i64> {
+        let gone: Vec<i64> = self
+            .conns
+            .iter()
+            .filter(|(id, c)| c.phase() == Phase::Syncing && !self.announced.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &gone {
+            self.forget(*id);
+        }
+        self.announced.clear();
+        self.state = SessionState::Live;
+        gone
+    }
+
+    /// Every connection, forgotten (the window ended, the resume was
+    /// refused, or the tunnel closed for good); returns their ids for the
+    /// caller to close as on a lost tunnel.
+    pub fn abandon(&mut self) -> Vec<i64> {
+        let ids: Vec<i64> = self.conns.keys().copied().collect();
+        self.conns.clear();
+        self.ack_owed.clear();
+        self.out.clear();
+        self.announced.clear();
+        self.state = SessionState::Live;
+        ids
+    }
+
+    /// Bytes held for replay and out of order by all connections (what
+    /// counts against the memory budget).
+    pub fn held_bytes(&self) -> u64 {
+        self.conns.values().map(ConnResume::held_bytes).sum()
+    }
+
+    fn conn_mut(&mut self, id: i64) -> Result<&mut ConnResume, Error> {
+        self.conns.get_mut(&id).ok_or(UNKNOWN)
+    }
+
+    #[doc(hidden)]
+    /// The invariants of every connection.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (id, c) in &self.conns {
+            c.check_invariants()
+                .map_err(|e| format!("connection {id}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// A resume event for a connection the session does not track.
+const UNKNOWN: Error = violation("resume state for an unknown connection");
