@@ -99,13 +99,13 @@ impl ConnResume {
         self.rx.segment(now, offset, data, limits, deliver)
     }
 
-    /// Our close (CLOSE_REQ / CLOSE_RSP) is being sent after the last
-    /// byte. The connection lingers until [`done`](Self::done).
-    pub fn send_close(&mut self) -> Result<u64, Error> {
-        if self.phase != Phase::Live {
-            return Err(violation("CLOSE sent on a connection that is not live"));
-        }
-        Ok(self.tx.push_fin())
+    /// Our close (CLOSE_REQ / CLOSE_RSP) follows the last byte. The
+    /// connection lingers until [`done`](Self::done). Allowed in any phase:
+    /// a connection that ends while parked or syncing (its destination
+    /// closed) records the close here, and the caller sends it only with
+    /// the replay ([`ReplayBuffer::fin_unacked`]), not now.
+    pub fn send_close(&mut self) -> u64 {
+        self.tx.push_fin()
     }
 
     /// The peer's close arrived (plain, at the cursor): see

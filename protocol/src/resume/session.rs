@@ -112,11 +112,15 @@ impl ResumeSession {
         self.conn_mut(id)?.send(data).map(drop)
     }
 
-    /// Our close for `id` is being sent: the connection lingers until the
-    /// peer acknowledges it ([`ack`](Self::ack) forgets it then, see
-    /// [`ConnResume::finished`]).
-    pub fn close_sent(&mut self, id: i64) -> Result<(), Error> {
-        self.conn_mut(id)?.send_close().map(drop)
+    /// Our close for `id` follows its last byte: the connection lingers
+    /// until the peer acknowledges it ([`ack`](Self::ack) forgets it then,
+    /// see [`ConnResume::finished`]). Returns whether to send the close
+    /// now; `false` while the connection is parked or syncing — the replay
+    /// sends it ([`Replay::close`]).
+    pub fn close_sent(&mut self, id: i64) -> Result<bool, Error> {
+        let conn = self.conn_mut(id)?;
+        conn.send_close();
+        Ok(conn.phase() == Phase::Live)
     }
 
     /// A plain DATA payload for `id` arrived: `deliver` gets the new bytes
