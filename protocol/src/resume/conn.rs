@@ -61,13 +61,14 @@ impl ConnResume {
         self.phase == Phase::Live && !self.tx.fin_sent() && self.tx.unacked() < limits.replay_limit
     }
 
-    /// A DATA payload is being sent on the tunnel; the buffer keeps it for
-    /// replay. Returns its offset. Sending while not live is a caller bug.
-    pub fn send(&mut self, data: &Bytes) -> Result<u64, Error> {
-        if self.phase != Phase::Live {
-            return Err(violation("DATA sent on a connection that is not live"));
-        }
-        Ok(self.tx.push(data))
+    /// A DATA payload follows the connection's last byte; the buffer keeps
+    /// it for replay. Returns its offset. Allowed in any phase: what a
+    /// source produced as the tunnel broke (or a frontend's in-flight
+    /// messages) is recorded here, and the caller sends it now only while
+    /// [`Live`](Phase::Live) — otherwise the replay does. Nothing is
+    /// recorded after the close.
+    pub fn send(&mut self, data: &Bytes) -> u64 {
+        self.tx.push(data)
     }
 
     /// A plain DATA payload arrived: see [`Receiver::data`].

@@ -107,9 +107,13 @@ impl ResumeSession {
                 .is_some_and(|c| c.may_read(&self.limits))
     }
 
-    /// A DATA payload for `id` is being sent: keep it for replay.
-    pub fn sent(&mut self, id: i64, data: &Bytes) -> Result<(), Error> {
-        self.conn_mut(id)?.send(data).map(drop)
+    /// A DATA payload for `id` follows its last byte: kept for replay.
+    /// Returns whether to send it now; `false` while the connection is
+    /// parked or syncing — the replay sends it.
+    pub fn sent(&mut self, id: i64, data: &Bytes) -> Result<bool, Error> {
+        let conn = self.conn_mut(id)?;
+        conn.send(data);
+        Ok(conn.phase() == Phase::Live)
     }
 
     /// Our close for `id` follows its last byte: the connection lingers

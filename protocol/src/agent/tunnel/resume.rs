@@ -28,14 +28,15 @@ impl Tunnel {
         self.resume.as_ref()
     }
 
-    /// A DATA payload read from `connect_id`'s destination is being sent
-    /// (the IO layer encodes DATA itself): keep it for replay. Returns
-    /// false when it must not be sent (the tunnel is parked: the reader
-    /// must not have read).
+    /// A DATA payload read from `connect_id`'s destination is about to be
+    /// sent (the IO layer encodes DATA itself): keep it for replay.
+    /// Returns whether to send it now; `false` while the tunnel is parked
+    /// or syncing — the replay sends it (a read that raced the break loses
+    /// nothing).
     pub fn data_sent(&mut self, connect_id: i64, payload: &Bytes) -> bool {
         match self.resume.as_mut() {
-            None => true,
-            Some(s) => s.sent(connect_id, payload).is_ok() || !s.contains(connect_id),
+            Some(s) if s.contains(connect_id) => s.sent(connect_id, payload).unwrap_or(true),
+            _ => true,
         }
     }
 
@@ -331,6 +332,7 @@ mod tests {
         );
         assert!(t.is_open(1));
         assert_eq!(t.poll_timeout(), Some(t0() + window));
+        // A read that raced the break: recorded, sent with the replay.
         assert!(!t.data_sent(1, &Bytes::from_static(b"no")));
         t.tunnel_resumed(t0());
         assert_eq!(
@@ -357,6 +359,7 @@ mod tests {
             actions(&mut t),
             vec![
                 Action::ToServer(data(1, b"yz")),
+                Action::ToServer(data(1, b"no")),
                 Action::ResumeRead { connect_id: 1 }
             ]
         );

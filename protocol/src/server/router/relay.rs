@@ -88,6 +88,7 @@ impl Router {
                 core,
                 relay: Relay::ToBackend { backend, payload },
             },
+            None if !self.resume_out(backend, &payload) => return, // with the replay
             None => Action::ToBackend { backend, payload },
         };
         self.actions.push_back(action);
