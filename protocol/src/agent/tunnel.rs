@@ -339,7 +339,7 @@ impl Tunnel {
                     }
                     self.actions.push_back(Action::Write { connect_id, data });
                     self.step(connect_id, step);
-                    self.flush_resume(now);
+                    self.flush_resume();
                     return;
                 }
                 self.close_rsp(connect_id, UNRECOGNIZED_CONNECT_ID);
@@ -399,7 +399,7 @@ impl Tunnel {
             | Packet::Resume { .. }
             | Packet::ReverseDialReq { .. }
             | Packet::ReverseDialRsp { .. } => {}
-            p @ (Packet::Ack { .. } | Packet::Resumed) => self.resume_packet(now, p),
+            p @ (Packet::Ack { .. } | Packet::Resumed) => self.resume_packet(p),
         }
         // Everything but DATA to an open endpoint is done with.
         self.release(credit);

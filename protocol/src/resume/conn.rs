@@ -32,6 +32,8 @@ pub struct ConnResume {
     tx: ReplayBuffer,
     rx: Receiver,
     phase: Phase,
+    /// Listed in its session's ACK-timer list.
+    pub(super) timer_listed: bool,
 }
 
 impl Default for ConnResume {
@@ -47,6 +49,7 @@ impl ConnResume {
             tx: ReplayBuffer::new(),
             rx: Receiver::new(),
             phase: Phase::Live,
+            timer_listed: false,
         }
     }
 

@@ -42,7 +42,8 @@ pub struct ResumeSession {
     limits: ResumeLimits,
     conns: HashMap<i64, ConnResume>,
     state: SessionState,
-    /// Connections that may owe an ACK (each listed once).
+    /// Connections whose ACK is due by time (each listed once, flagged in
+    /// [`ConnResume`]; ids of forgotten ones are skipped).
     ack_owed: Vec<i64>,
     /// Handshake packets to send (ACKs announcing offsets, RESUMED).
     out: VecDeque<Packet>,
@@ -139,7 +140,7 @@ impl ResumeSession {
         let limits = self.limits;
         let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
         conn.data(now, data, &limits, deliver)?;
-        Self::owe(&mut self.ack_owed, id);
+        self.ack_if_due(now, id);
         Ok(())
     }
 
@@ -152,13 +153,26 @@ impl ResumeSession {
         let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
         let before = conn.rx().closed();
         conn.close_received(now, &limits)?;
-        Self::owe(&mut self.ack_owed, id);
-        Ok(!before && conn.rx().closed())
+        let fresh = !before && conn.rx().closed();
+        self.ack_if_due(now, id);
+        Ok(fresh)
     }
 
-    fn owe(owed: &mut Vec<i64>, id: i64) {
-        if !owed.contains(&id) {
-            owed.push(id);
+    /// After input for `id`: its ACK goes out now if due by size (or a
+    /// close), else it waits in the timer list — constant work per packet.
+    fn ack_if_due(&mut self, now: Instant, id: i64) {
+        let limits = self.limits;
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if let Some(offset) = conn.poll_ack(now, &limits) {
+            self.out.push_back(ack_packet(id, offset));
+            if conn.finished() {
+                self.conns.remove(&id);
+            }
+        } else if conn.rx().ack_pending() && !conn.timer_listed {
+            conn.timer_listed = true;
+            self.ack_owed.push(id);
         }
     }
 
@@ -185,47 +199,49 @@ impl ResumeSession {
         Ok(replay)
     }
 
-    /// The next ACK to send, if one is due (and the handshake's packets
-    /// first).
-    pub fn poll_packet(&mut self, now: Instant) -> Option<Packet> {
-        if let Some(p) = self.out.pop_front() {
-            return Some(p);
-        }
+    /// The next packet to send: the handshake's, and ACKs that came due
+    /// (on input, or in [`handle_timeout`](Self::handle_timeout)).
+    pub fn poll_packet(&mut self) -> Option<Packet> {
+        self.out.pop_front()
+    }
+
+    /// ACKs due by time at `now` move to [`poll_packet`](Self::poll_packet).
+    /// Walks the timer list once (the timer path, not per packet).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let limits = self.limits;
         let mut i = 0;
         // Bounded: each round removes an entry or moves past one.
         while let Some(&id) = self.ack_owed.get(i) {
-            let limits = self.limits;
-            let Some(conn) = self.conns.get_mut(&id) else {
-                self.ack_owed.swap_remove(i);
-                continue;
+            let keep = match self.conns.get_mut(&id) {
+                None => false,
+                Some(conn) => match conn.poll_ack(now, &limits) {
+                    Some(offset) => {
+                        let finished = conn.finished();
+                        self.out.push_back(ack_packet(id, offset));
+                        if finished {
+                            self.conns.remove(&id);
+                        }
+                        false
+                    }
+                    // Still owed (not yet due, or syncing), or nothing.
+                    None => conn.rx().ack_pending(),
+                },
             };
-            if let Some(offset) = conn.poll_ack(now, &limits) {
+            if keep {
+                i += 1;
+            } else {
                 self.ack_owed.swap_remove(i);
-                if conn.finished() {
-                    self.conns.remove(&id);
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.timer_listed = false;
                 }
-                return Some(Packet::Ack {
-                    connect_id: id,
-                    offset: i64::try_from(offset).unwrap_or(i64::MAX),
-                });
             }
-            if !conn.rx().ack_pending() {
-                // Nothing owed any more (announced in a handshake).
-                self.ack_owed.swap_remove(i);
-                continue;
-            }
-            i += 1;
         }
-        None
     }
 
     /// When an ACK is due by time, or the window ends.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if let SessionState::Parked { deadline } = self.state {
             return Some(deadline);
-        }
-        if !self.out.is_empty() {
-            return None; // due now: poll_packet
         }
         self.ack_owed
             .iter()
@@ -236,7 +252,6 @@ impl ResumeSession {
     /// Forgets a connection (closed without a resume to wait for, or fully
     /// acknowledged); returns the bytes it held.
     pub fn forget(&mut self, id: i64) -> u64 {
-        self.ack_owed.retain(|&x| x != id);
         self.conns.remove(&id).map_or(0, |c| c.held_bytes())
     }
 
@@ -244,6 +259,7 @@ impl ResumeSession {
     pub fn park(&mut self, now: Instant, window: Duration) {
         for conn in self.conns.values_mut() {
             conn.park();
+            conn.timer_listed = false;
         }
         self.ack_owed.clear();
         self.out.clear();
@@ -267,10 +283,7 @@ impl ResumeSession {
         for id in ids {
             if let Some(conn) = self.conns.get_mut(&id) {
                 let offset = conn.begin_sync();
-                self.out.push_back(Packet::Ack {
-                    connect_id: id,
-                    offset: i64::try_from(offset).unwrap_or(i64::MAX),
-                });
+                self.out.push_back(ack_packet(id, offset));
             }
         }
         self.out.push_back(Packet::Resumed);
@@ -327,6 +340,14 @@ impl ResumeSession {
                 .map_err(|e| format!("connection {id}: {e}"))?;
         }
         Ok(())
+    }
+}
+
+/// `ACK{connectID, offset}`.
+fn ack_packet(id: i64, offset: u64) -> Packet {
+    Packet::Ack {
+        connect_id: id,
+        offset: i64::try_from(offset).unwrap_or(i64::MAX),
     }
 }
 

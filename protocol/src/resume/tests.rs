@@ -591,7 +591,8 @@ impl End {
     }
 
     fn flush_acks(&mut self, now: Instant) {
-        while let Some(p) = self.s.poll_packet(now) {
+        self.s.handle_timeout(now);
+        while let Some(p) = self.s.poll_packet() {
             self.out.push_back(W::P(p));
         }
     }

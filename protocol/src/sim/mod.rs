@@ -649,8 +649,8 @@ impl Sim {
             self.connect_tunnel();
             return;
         }
-        self.router.backend_resumed(self.now, self.backend);
-        self.tunnel.tunnel_resumed(self.now);
+        self.router.backend_resumed(self.backend);
+        self.tunnel.tunnel_resumed();
         self.pump();
     }
 

@@ -79,11 +79,11 @@ impl Tunnel {
 
     /// The agent reconnected and the server resumed this tunnel: announce
     /// every parked connection's receive offset, then RESUMED.
-    pub fn tunnel_resumed(&mut self, now: Instant) {
+    pub fn tunnel_resumed(&mut self) {
         if let Some(s) = self.resume.as_mut() {
             s.resume();
         }
-        self.flush_resume(now);
+        self.flush_resume();
     }
 
     /// DATA for `connect_id`: the bytes to queue for the endpoint (`None`:
@@ -151,7 +151,7 @@ impl Tunnel {
     }
 
     /// ACK and RESUMED from the server.
-    pub(super) fn resume_packet(&mut self, now: Instant, packet: Packet) {
+    pub(super) fn resume_packet(&mut self, packet: Packet) {
         let Some(s) = self.resume.as_mut() else {
             return; // not negotiated: ignored like any unexpected packet
         };
@@ -176,7 +176,7 @@ impl Tunnel {
             }
             _ => {}
         }
-        self.flush_resume(now);
+        self.flush_resume();
     }
 
     /// Sends the replay of one connection and lets its reader go again.
@@ -217,14 +217,13 @@ impl Tunnel {
         }
     }
 
-    /// Moves the ACKs (and handshake packets) due at `now` to the actions.
-    pub(super) fn flush_resume(&mut self, now: Instant) {
+    /// Moves the session's packets (handshake, ACKs due) to the actions.
+    pub(super) fn flush_resume(&mut self) {
         let Some(s) = self.resume.as_mut() else {
             return;
         };
-        // Bounded: each round takes one packet off the session's queue or
-        // one owed ACK off its list.
-        while let Some(p) = s.poll_packet(now) {
+        // Bounded: each round takes one packet off the session's queue.
+        while let Some(p) = s.poll_packet() {
             self.actions.push_back(Action::ToServer(p));
         }
     }
@@ -236,11 +235,15 @@ impl Tunnel {
 
     /// ACKs due by time; a parked tunnel whose window ended closes.
     pub(super) fn resume_handle_timeout(&mut self, now: Instant) {
-        if self.resume.as_ref().is_some_and(|s| s.expired(now)) {
+        let Some(s) = self.resume.as_mut() else {
+            return;
+        };
+        if s.expired(now) {
             self.tunnel_gone();
             return;
         }
-        self.flush_resume(now);
+        s.handle_timeout(now);
+        self.flush_resume();
     }
 }
 
@@ -334,7 +337,7 @@ mod tests {
         assert_eq!(t.poll_timeout(), Some(t0() + window));
         // A read that raced the break: recorded, sent with the replay.
         assert!(!t.data_sent(1, &Bytes::from_static(b"no")));
-        t.tunnel_resumed(t0());
+        t.tunnel_resumed();
         assert_eq!(
             actions(&mut t),
             vec![
@@ -377,7 +380,7 @@ mod tests {
         actions(&mut t);
         t.endpoint_closed(1);
         assert_eq!(actions(&mut t), vec![Action::Close { connect_id: 1 }]);
-        t.tunnel_resumed(t0());
+        t.tunnel_resumed();
         actions(&mut t);
         t.server_packet(
             t0(),
@@ -413,7 +416,7 @@ mod tests {
     fn connections_the_server_did_not_announce_close() {
         let mut t = tunnel();
         assert!(t.tunnel_broken(t0(), Duration::from_secs(3)));
-        t.tunnel_resumed(t0());
+        t.tunnel_resumed();
         actions(&mut t);
         t.server_packet(t0(), Packet::Resumed, 0);
         assert_eq!(actions(&mut t), vec![Action::Close { connect_id: 1 }]);

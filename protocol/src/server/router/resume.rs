@@ -128,7 +128,7 @@ impl Router {
     /// The agent presented backend `id`'s token on a new stream, which the
     /// IO layer bound to the same id: back in the directory, every parked
     /// connection announced, then RESUMED.
-    pub fn backend_resumed(&mut self, now: Instant, id: BackendId) {
+    pub fn backend_resumed(&mut self, id: BackendId) {
         let Some(entry) = self.resume.parked.remove(&id) else {
             return;
         };
@@ -136,7 +136,7 @@ impl Router {
         if let Some(s) = self.resume.sessions.get_mut(&id) {
             s.resume();
         }
-        self.flush_resume(now, id);
+        self.flush_resume(id);
     }
 
     /// A packet from backend `id`, before routing: the packet to route
@@ -170,7 +170,7 @@ impl Router {
                         Some(a) => join(&a, &b),
                     });
                 });
-                self.flush_resume(now, id);
+                self.flush_resume(id);
                 return match (res, got) {
                     (Err(_), _) => {
                         self.resume_violation(now, id, connect_id);
@@ -195,7 +195,7 @@ impl Router {
                 if s.contains(connect_id) =>
             {
                 let fresh = s.close_received(now, connect_id).unwrap_or(true);
-                self.flush_resume(now, id);
+                self.flush_resume(id);
                 if !fresh {
                     return None;
                 }
@@ -216,7 +216,7 @@ impl Router {
                     }
                     Err(_) => self.resume_violation(now, id, connect_id),
                 }
-                self.flush_resume(now, id);
+                self.flush_resume(id);
                 return None;
             }
             Packet::Resumed => {
@@ -336,13 +336,13 @@ impl Router {
         let _ = self.backend_packet(now, id, p, framed, 0);
     }
 
-    /// Sends the ACKs (and handshake packets) of backend `id` due at `now`.
-    fn flush_resume(&mut self, now: Instant, id: BackendId) {
+    /// Sends backend `id`'s session packets (handshake, ACKs due).
+    fn flush_resume(&mut self, id: BackendId) {
         let Some(s) = self.resume.sessions.get_mut(&id) else {
             return;
         };
-        // Bounded: each round takes one packet or one owed ACK.
-        while let Some(p) = s.poll_packet(now) {
+        // Bounded: each round takes one packet off the session's queue.
+        while let Some(p) = s.poll_packet() {
             self.actions.push_back(Action::ToBackend {
                 backend: id,
                 payload: Payload::Packet(p),
@@ -385,7 +385,10 @@ impl Router {
             self.backend_gone(id);
         }
         for id in live {
-            self.flush_resume(now, id);
+            if let Some(s) = self.resume.sessions.get_mut(&id) {
+                s.handle_timeout(now);
+            }
+            self.flush_resume(id);
         }
     }
 
@@ -547,7 +550,7 @@ mod tests {
         from_frontend(&mut r, 10, data(7, b"pwd"));
         assert!(to_backend(&actions(&mut r)).is_empty());
         assert_eq!(r.poll_timeout(), Some(t0() + window));
-        r.backend_resumed(t0(), 1);
+        r.backend_resumed(1);
         assert_eq!(
             to_backend(&actions(&mut r)),
             vec![ack(7, 3), Packet::Resumed]
@@ -571,7 +574,7 @@ mod tests {
     fn flows_the_agent_did_not_announce_close() {
         let mut r = established();
         assert!(r.backend_broken(t0(), 1, Duration::from_secs(3)));
-        r.backend_resumed(t0(), 1);
+        r.backend_resumed(1);
         actions(&mut r);
         from_backend(&mut r, t0(), Packet::Resumed);
         let acts = actions(&mut r);
