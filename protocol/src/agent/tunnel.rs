@@ -339,7 +339,6 @@ impl Tunnel {
                     }
                     self.actions.push_back(Action::Write { connect_id, data });
                     self.step(connect_id, step);
-                    self.flush_resume();
                     return;
                 }
                 self.close_rsp(connect_id, UNRECOGNIZED_CONNECT_ID);

@@ -745,7 +745,8 @@ impl Sim {
     }
 
     /// Everything closed: empty tables, all credit back in both windows,
-    /// every destination closed, no dial in progress.
+    /// every destination closed, no dial in progress, and (with
+    /// `konn-resume`) no connection's resume state left on either side.
     pub fn clean(&self) -> Result<(), String> {
         let (stats, endpoints, s2a, a2s) = self.stats();
         if (stats.pending_dials, stats.established, stats.frontends) != (0, 0, 0) {
@@ -764,6 +765,17 @@ impl Sim {
         }
         if let Some((c, _)) = self.dests.iter().find(|(_, d)| !d.closed) {
             return Err(format!("destination {c} is open"));
+        }
+        // konn-resume: every connection's state gone (closes acknowledged).
+        let server = self
+            .router
+            .resume_session(self.backend)
+            .map_or(0, |s| s.len());
+        let agent = self.tunnel.resume_session().map_or(0, |s| s.len());
+        if (server, agent) != (0, 0) {
+            return Err(format!(
+                "resume state of {server} connections at the server, {agent} at the agent"
+            ));
         }
         Ok(())
     }

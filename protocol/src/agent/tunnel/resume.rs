@@ -115,22 +115,27 @@ impl Tunnel {
                 }
             });
         });
-        match res {
+        let out = match res {
             Ok(()) => out,
             Err(_) => {
                 self.resume_violation(connect_id);
                 None
             }
-        }
+        };
+        self.flush_resume();
+        out
     }
 
     /// The server's close of `connect_id` arrived: whether to act on it
     /// (false: a replayed duplicate, already handled).
     pub(super) fn resume_close_received(&mut self, now: Instant, connect_id: i64) -> bool {
-        match self.resume.as_mut() {
+        let fresh = match self.resume.as_mut() {
             Some(s) if s.contains(connect_id) => s.close_received(now, connect_id).unwrap_or(true),
             _ => true,
-        }
+        };
+        // The close's ACK is due at once.
+        self.flush_resume();
+        fresh
     }
 
     /// Our close of `connect_id` follows its data: whether to send it now
@@ -421,6 +426,33 @@ mod tests {
         t.server_packet(t0(), Packet::Resumed, 0);
         assert_eq!(actions(&mut t), vec![Action::Close { connect_id: 1 }]);
         assert!(!t.is_open(1));
+    }
+
+    #[test]
+    fn a_close_from_the_server_is_acknowledged_at_once() {
+        let mut t = tunnel();
+        t.server_packet(t0(), data(1, b"ab"), 0);
+        actions(&mut t);
+        t.server_packet(t0(), Packet::CloseReq { connect_id: 1 }, 0);
+        let acts = actions(&mut t);
+        assert!(acts.contains(&Action::ToServer(Packet::Ack {
+            connect_id: 1,
+            offset: 3
+        })));
+        assert!(acts.contains(&Action::ToServer(Packet::CloseRsp {
+            error: ByteStr::new(),
+            connect_id: 1
+        })));
+        // The server acknowledges the CLOSE_RSP: nothing is left.
+        t.server_packet(
+            t0(),
+            Packet::Ack {
+                connect_id: 1,
+                offset: 1,
+            },
+            0,
+        );
+        assert!(t.resume_session().unwrap().is_empty());
     }
 
     #[test]
