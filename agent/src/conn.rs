@@ -89,6 +89,11 @@ pub struct TunnelSettings {
     /// `--warn-on-channel-limit`: log (at debug level, upstream's V(2))
     /// when an endpoint's queue reaches `endpoint_queue` payloads.
     pub warn_on_queue_limit: bool,
+    /// Offer `konn-resume: v1` (docs/design/resume.md): with a server that
+    /// answers it, each flow's bytes are counted, acknowledged and kept
+    /// for replay. Parking on a break is not wired yet, so this is off by
+    /// default and has no flag.
+    pub resume: bool,
     /// Offer konn's flow-control extension on the Connect call (metadata
     /// `konn-flow-control: 1`); it is used only if the server answers with
     /// the same response header.
@@ -96,11 +101,6 @@ pub struct TunnelSettings {
     /// Offer the reverse direction (`konn-reverse: 1`): set when the agent
     /// has `--target`s.
     pub reverse: bool,
-    /// Offer `konn-resume: v1` (docs/design/resume.md): with a server that
-    /// answers it, each flow's bytes are counted, acknowledged and kept
-    /// for replay. Parking on a break is not wired yet, so this is off by
-    /// default and has no flag.
-    pub resume: bool,
 }
 
 impl TunnelSettings {
@@ -118,10 +118,10 @@ impl Default for TunnelSettings {
             tunnel_high_water: 1 << 20,
             tunnel_low_water: 256 << 10,
             tunnel: TunnelConfig::default(),
+            resume: false,
             warn_on_queue_limit: false,
             flow_control: true,
             reverse: false,
-            resume: false,
         }
     }
 }
