@@ -70,6 +70,13 @@ impl ConnectParams {
                 Bytes::from_static(b"1"),
             );
         }
+        if self.settings.resume {
+            // konn's resumable tunnels; a Go server ignores it.
+            md.push(
+                Bytes::from_static(konn_protocol::resume::RESUME_METADATA.as_bytes()),
+                Bytes::from_static(konn_protocol::resume::RESUME_VERSION.as_bytes()),
+            );
+        }
         if self.settings.reverse {
             // konn's reverse direction (KEP-2025), offered with --target.
             md.push(

@@ -92,6 +92,11 @@ pub struct TunnelSettings {
     /// `--warn-on-channel-limit`: log (at debug level, upstream's V(2))
     /// when an endpoint's queue reaches `endpoint_queue` payloads.
     pub warn_on_queue_limit: bool,
+    /// Offer `konn-resume: v1` (docs/design/resume.md): with a server that
+    /// answers it, each flow's bytes are counted, acknowledged and kept
+    /// for replay. Parking on a break is not wired yet, so this is off by
+    /// default and has no flag.
+    pub resume: bool,
     /// Offer konn's flow-control extension on the Connect call (metadata
     /// `konn-flow-control: 1`); it is used only if the server answers with
     /// the same response header.
@@ -118,6 +123,7 @@ impl Default for TunnelSettings {
             tunnel_high_water: 1 << 20,
             tunnel_low_water: 256 << 10,
             tunnel: TunnelConfig::default(),
+            resume: false,
             warn_on_queue_limit: false,
             flow_control: true,
             reverse: false,
@@ -137,6 +143,8 @@ pub enum TunnelEvent {
         server_count: usize,
         /// The server agreed to the reverse direction (`konn-reverse`).
         reverse: bool,
+        /// The server agreed to `konn-resume`.
+        resume: bool,
     },
     /// The call failed before response headers (e.g. authentication), or
     /// the headers were malformed.
@@ -653,6 +661,14 @@ impl Handler<Grpc> for TunnelHandler {
                                 .get(REVERSE_KEY.as_bytes())
                                 .is_some_and(|v| v == "1");
                         self.tunnel.set_reverse(reverse);
+                        let resume = self.ctx.settings.resume
+                            && metadata
+                                .get(konn_protocol::resume::RESUME_METADATA.as_bytes())
+                                .is_some_and(|v| v == konn_protocol::resume::RESUME_VERSION);
+                        let q = self.ctx.settings.tunnel.flow.high.saturating_mul(2);
+                        self.tunnel.set_resume(
+                            resume.then(|| konn_protocol::resume::ResumeLimits::from_queue_size(q)),
+                        );
                         if self.ctx.settings.reverse && !reverse {
                             tracing::info!(
                                 server_id = %server_id,
@@ -662,12 +678,14 @@ impl Handler<Grpc> for TunnelHandler {
                         tracing::debug!(
                             flow_control = agreed,
                             reverse,
+                            resume,
                             "tunnel accepted by the server"
                         );
                         (self.report)(TunnelEvent::Connected {
                             server_id,
                             server_count,
                             reverse,
+                            resume,
                         });
                     }
                     None => {
@@ -905,7 +923,13 @@ async fn read_endpoint(
             ctx.observer.reverse_bytes(true, n);
         }
         let Some(handle) = me.upgrade() else { return };
-        if let Ok(Ok(())) = handle.with(|g, _| g.send_framed(stream, framed)) {
+        // konn-resume keeps the payload (a refcount, no copy) for replay.
+        let sent = handle.with(|g, t| {
+            t.tunnel
+                .data_sent(ep.connect_id, &framed.slice(hl..))
+                .then(|| g.send_framed(stream, framed))
+        });
+        if let Ok(Some(Ok(()))) = sent {
             ctx.observer.sent(PacketType::Data);
         }
     }

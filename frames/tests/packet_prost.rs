@@ -116,6 +116,8 @@ fn to_prost(p: &Packet) -> oracle::Packet {
             connect_id,
             random,
         }),
+        Packet::Ack { connect_id, offset } => Payload::Ack(oracle::Ack { connect_id, offset }),
+        Packet::Resumed => Payload::Resumed(oracle::Resumed {}),
     };
     oracle::Packet {
         r#type: p.ty().into(),
@@ -199,6 +201,14 @@ fn expected(m: &oracle::Packet) -> Result<Packet, Error> {
                 random: d.random,
             },
         ),
+        Payload::Ack(d) => (
+            104,
+            Packet::Ack {
+                connect_id: d.connect_id,
+                offset: d.offset,
+            },
+        ),
+        Payload::Resumed(_) => (105, Packet::Resumed),
     };
     if packet.ty() == ty {
         Ok(packet)
@@ -246,6 +256,11 @@ fn default_packet(ty: PacketType) -> Packet {
             connect_id: 0,
             random: 0,
         },
+        PacketType::Ack => Packet::Ack {
+            connect_id: 0,
+            offset: 0,
+        },
+        PacketType::Resumed => Packet::Resumed,
     }
 }
 
@@ -343,6 +358,12 @@ fn flow_proto_is_client_proto_plus_the_extension() {
         "REVERSE_DIAL_RSP = 103;",
         "DialRequest reverseDialRequest = 102;",
         "DialResponse reverseDialResponse = 103;",
+        "ACK = 104;",
+        "RESUMED = 105;",
+        "Ack ack = 104;",
+        "Resumed resumed = 105;",
+        "message Ack { int64 connectID = 1; int64 offset = 2; }",
+        "message Resumed {}",
     ] {
         assert!(flow.contains(needle), "{needle}");
     }
@@ -380,6 +401,11 @@ fn upstream_decoder_skips_the_extension() {
             connect_id: -1,
             random: 5,
         },
+        Packet::Ack {
+            connect_id: 7,
+            offset: 1 << 20,
+        },
+        Packet::Resumed,
     ] {
         let m = oracle_upstream::Packet::decode(&ours(&p)[..]).expect("decodes");
         assert_eq!(m.r#type, i32::from(p.ty()));
@@ -444,6 +470,14 @@ fn seed_packets() -> Vec<(&'static str, Packet)> {
                 random: 77,
             },
         ),
+        (
+            "ack",
+            Packet::Ack {
+                connect_id: 3,
+                offset: 65_536,
+            },
+        ),
+        ("resumed", Packet::Resumed),
     ]
 }
 
@@ -500,7 +534,14 @@ fn payloads() -> Vec<Bytes> {
 fn edge_values_encode_like_prost() {
     let strs: Vec<ByteStr> = strings().into_iter().map(ByteStr::from).collect();
     check_against_prost(&Packet::Drain);
+    check_against_prost(&Packet::Resumed);
     for &a in &INTS {
+        for &b in &INTS {
+            check_against_prost(&Packet::Ack {
+                connect_id: a,
+                offset: b,
+            });
+        }
         check_against_prost(&Packet::CloseReq { connect_id: a });
         check_against_prost(&Packet::DialCls { random: a });
         check_against_prost(&Packet::Pause { connect_id: a });
@@ -633,13 +674,15 @@ fn any_packet() -> impl Strategy<Value = Packet> {
                 random,
             }
         }),
+        (any_i64(), any_i64()).prop_map(|(connect_id, offset)| Packet::Ack { connect_id, offset }),
+        Just(Packet::Resumed),
     ]
 }
 
 /// Any prost message, including ones our decoder refuses (unknown `type`,
 /// mismatched or missing payload).
 fn any_prost_message() -> impl Strategy<Value = oracle::Packet> {
-    let ty = prop_oneof![4 => 0i32..7, 1 => 100i32..104, 1 => any::<i32>()];
+    let ty = prop_oneof![4 => 0i32..7, 1 => 100i32..106, 1 => any::<i32>()];
     let payload = prop_oneof![
         1 => Just(None),
         6 => any_packet().prop_map(|p| to_prost(&p).payload),
@@ -827,14 +870,14 @@ fn any_member() -> impl Strategy<Value = WireField> {
         )
             .prop_map(|(field, c)| WireField::Len(field, c)),
     ];
-    let member = prop_oneof![7 => 2u32..=8, 1 => 100u32..=103];
+    let member = prop_oneof![7 => 2u32..=8, 1 => 100u32..=105];
     (member, vec(inner, 0..5)).prop_map(|(member, fields)| WireField::Message(member, fields))
 }
 
 /// The `type` value that goes with oneof member `member`.
 fn type_of_member(member: u32) -> u64 {
     match member {
-        100..=103 => u64::from(member),
+        100..=105 => u64::from(member),
         _ => [0, 1, 4, 2, 3, 5, 6][member as usize - 2],
     }
 }

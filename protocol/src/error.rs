@@ -42,6 +42,9 @@ pub enum Error {
     StreamClosed(u32),
     /// The application used the connection API wrongly (a bug).
     Usage(&'static str),
+    /// The resume protocol (`konn-resume`) was broken, by the peer (or a
+    /// caller bug): the named rule. The connection it concerns is closed.
+    Resume(&'static str),
 }
 
 impl fmt::Display for Error {
@@ -59,6 +62,7 @@ impl fmt::Display for Error {
             Self::TooManyStreams => f.write_str("peer's MAX_CONCURRENT_STREAMS reached"),
             Self::StreamClosed(id) => write!(f, "HTTP/2 stream {id} is closed"),
             Self::Usage(what) => write!(f, "HTTP/2 API misuse: {what}"),
+            Self::Resume(what) => write!(f, "resume protocol violation: {what}"),
         }
     }
 }

@@ -140,6 +140,16 @@ impl FlowRx {
         self.paused || self.withheld > 0
     }
 
+    /// The tunnel stream this flow's data came on is gone but the flow
+    /// lives on (a resumable tunnel parked): credit withheld on the dead
+    /// stream is moot, and so is the PAUSE sent on it (the peer forgets
+    /// it; a queue still above high pauses again on the next payload).
+    /// The queue itself stays.
+    pub fn stream_gone(&mut self) {
+        self.withheld = 0;
+        self.paused = false;
+    }
+
     /// A payload of `len` bytes was queued; it came with `credit` bytes of
     /// stream credit. `may_pause`: the peer negotiated PAUSE/RESUME.
     pub fn push(

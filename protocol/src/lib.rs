@@ -15,6 +15,9 @@
 //! - [`flow`]: receive-side flow control of one proxied connection (credit
 //!   withholding, PAUSE/RESUME marks, stuck detection), shared by the
 //!   agent's tunnel and the server's router.
+//! - [`resume`]: resumable tunnels (`konn-resume`): per-connection byte
+//!   offsets, replay buffers, exactly-once delivery across a reconnect,
+//!   resume tokens and the server's parked tunnels.
 //! - [`server`]: proxy-server's per-core router (frontends, backends,
 //!   pending dials, established connections) and its backend directory
 //!   (the proxy strategies).
@@ -44,6 +47,7 @@ pub mod error;
 pub mod flow;
 pub mod grpc;
 pub mod h2;
+pub mod resume;
 pub mod server;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;

@@ -12,6 +12,8 @@
 //! konn's flow-control extension is negotiated here: an agent that sends
 //! the request metadata `konn-flow-control: 1` gets the response header
 //! `konn-flow-control: 1` (unless `flow_control` is off in the settings),
+//! `konn-resume: v1` gets `konn-resume: v1` when the `resume` setting is
+//! on (docs/design/resume.md),
 //! and only then do PAUSE/RESUME travel on its tunnel. A Go agent never
 //! sends the metadata and never sees the header. The reverse direction's
 //! `konn-reverse: 1` (KEP-2025) is negotiated the same way.
@@ -25,6 +27,7 @@ use konn_frames::GrpcStatus;
 use konn_frames::packet::{Packet, PacketType};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
+use konn_protocol::resume;
 
 use crate::auth::{AuthResult, Verdicts};
 use crate::cluster::{Cluster, ClusterMsg};
@@ -49,6 +52,8 @@ struct Registration {
     identifiers: Identifiers,
     flow_control: bool,
     reverse: bool,
+    /// The agent offered `konn-resume: v1` and the server answers it.
+    resume: bool,
 }
 
 /// The handler of one agent connection.
@@ -123,11 +128,16 @@ impl AgentConn {
         let reverse = metadata
             .get(REVERSE_KEY.as_bytes())
             .is_some_and(|v| v == "1");
+        let resume = self.worker.settings.resume
+            && metadata
+                .get(resume::RESUME_METADATA.as_bytes())
+                .is_some_and(|v| v == resume::RESUME_VERSION);
         let call = Registration {
             agent_id,
             identifiers,
             flow_control,
             reverse,
+            resume,
         };
         // Token authentication (upstream: after the agent id and
         // identifiers, before the response headers): hold the call until
@@ -203,6 +213,7 @@ impl AgentConn {
             identifiers,
             flow_control,
             reverse,
+            resume,
         } = call;
         let s = &self.worker.settings;
         let mut md = Headers::new();
@@ -226,6 +237,12 @@ impl AgentConn {
                 Bytes::from_static(b"1"),
             );
         }
+        if resume {
+            md.push(
+                Bytes::from_static(resume::RESUME_METADATA.as_bytes()),
+                Bytes::from_static(resume::RESUME_VERSION.as_bytes()),
+            );
+        }
         if grpc.accept(id, &md).is_err() {
             return;
         }
@@ -236,6 +253,10 @@ impl AgentConn {
             router.backend_connected(bid, agent_id, identifiers, self.worker.index);
             router.set_flow_control(bid, flow_control);
             router.set_reverse(bid, reverse);
+            if resume {
+                let q = s.router.flow.high.saturating_mul(2);
+                router.set_resume(bid, Some(resume::ResumeLimits::from_queue_size(q)));
+            }
         }
         let entry = self.cluster.router.borrow().directory().get(bid).cloned();
         self.cluster.backends.borrow_mut().insert(

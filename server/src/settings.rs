@@ -68,6 +68,10 @@ pub struct ServerSettings {
     /// Answer an agent's `konn-flow-control` offer (PAUSE/RESUME on its
     /// tunnel). Off: every agent gets upstream's protocol only.
     pub flow_control: bool,
+    /// Answer an agent's `konn-resume` offer: count, acknowledge and keep
+    /// for replay each flow's bytes (docs/design/resume.md). Parking on a
+    /// break is not wired yet, so this is off by default and has no flag.
+    pub resume: bool,
     /// Time allowed to send the CONNECT request head (upstream: 60 s).
     pub connect_header_timeout: Duration,
     /// Largest gRPC message accepted.
@@ -185,6 +189,7 @@ impl ServerSettings {
             tunnel_high_water: 1 << 20,
             tunnel_low_water: 256 << 10,
             flow_control: true,
+            resume: false,
             connect_header_timeout: Duration::from_secs(60),
             max_message: konn_frames::grpc::DEFAULT_MAX_RECV_MESSAGE_SIZE,
             windows: (4 << 20, 16 << 20),
@@ -420,6 +425,7 @@ impl ServerSettings {
             connect_header_timeout: o.connect_header_timeout.unwrap_or(NEVER),
             max_message: e.grpc_max_message_size,
             windows: (e.h2_stream_window, e.h2_conn_window),
+            resume: false,
             driver,
             runtime,
             graceful_shutdown_timeout: o.graceful_shutdown_timeout.unwrap_or(Duration::ZERO),

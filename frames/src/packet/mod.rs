@@ -52,6 +52,10 @@
 //!   102 and 103, shaped like `DialRequest` and `DialResponse` (see
 //!   [`Packet::ReverseDialReq`]). Only sent to a peer that negotiated them
 //!   (docs/design/reverse.md).
+//! - konn's resume extension: `type` 104 (`ACK`, member 104, `{ int64
+//!   connectID = 1; int64 offset = 2; }`) and 105 (`RESUMED`, member 105,
+//!   empty); see [`Packet::Ack`]. Only sent to a peer that negotiated
+//!   `konn-resume` (docs/design/resume.md).
 //! - prost and Go treat `type` as an open enum and never compare it with the
 //!   payload. Here an unknown `type` is [`Error::UnknownPacketType`] and a
 //!   payload that is not the one `type` names is [`Error::PacketTypeMismatch`]
@@ -116,6 +120,12 @@ pub enum PacketType {
     ReverseDialReq = 102,
     /// `REVERSE_DIAL_RSP` (103, konn extension): the server's answer.
     ReverseDialRsp = 103,
+    /// `ACK` (104, konn extension): cumulative acknowledgement of a flow's
+    /// bytes (resume).
+    Ack = 104,
+    /// `RESUMED` (105, konn extension): every parked flow of a resumed
+    /// tunnel has been announced.
+    Resumed = 105,
 }
 
 impl PacketType {
@@ -133,18 +143,25 @@ impl PacketType {
 
     /// konn's extension types (never sent to a peer that did not
     /// negotiate them).
-    pub const EXTENSIONS: [Self; 4] = [
+    pub const EXTENSIONS: [Self; 6] = [
         Self::Pause,
         Self::Resume,
         Self::ReverseDialReq,
         Self::ReverseDialRsp,
+        Self::Ack,
+        Self::Resumed,
     ];
 
     /// Whether this is one of konn's extension types.
     pub const fn is_extension(self) -> bool {
         matches!(
             self,
-            Self::Pause | Self::Resume | Self::ReverseDialReq | Self::ReverseDialRsp
+            Self::Pause
+                | Self::Resume
+                | Self::ReverseDialReq
+                | Self::ReverseDialRsp
+                | Self::Ack
+                | Self::Resumed
         )
     }
 
@@ -163,6 +180,8 @@ impl PacketType {
             Self::Resume => "RESUME",
             Self::ReverseDialReq => "REVERSE_DIAL_REQ",
             Self::ReverseDialRsp => "REVERSE_DIAL_RSP",
+            Self::Ack => "ACK",
+            Self::Resumed => "RESUMED",
         }
     }
 
@@ -180,6 +199,8 @@ impl PacketType {
             Self::Resume => RESUME_FIELD,
             Self::ReverseDialReq => REVERSE_DIAL_REQ_FIELD,
             Self::ReverseDialRsp => REVERSE_DIAL_RSP_FIELD,
+            Self::Ack => ACK_FIELD,
+            Self::Resumed => RESUMED_FIELD,
         }
     }
 }
@@ -192,18 +213,24 @@ const RESUME_FIELD: u32 = 101;
 const REVERSE_DIAL_REQ_FIELD: u32 = 102;
 /// Field number of the `reverseDialResponse` oneof member (konn extension).
 const REVERSE_DIAL_RSP_FIELD: u32 = 103;
+/// Field number of the `ack` oneof member (konn extension).
+const ACK_FIELD: u32 = 104;
+/// Field number of the `resumed` oneof member (konn extension).
+const RESUMED_FIELD: u32 = 105;
 
 impl TryFrom<i32> for PacketType {
     type Error = Error;
 
     /// Fails with [`Error::UnknownPacketType`] for values outside 0–6 and
-    /// 100–103.
+    /// 100–105.
     fn try_from(ty: i32) -> Result<Self, Error> {
         match ty {
             100 => Ok(Self::Pause),
             101 => Ok(Self::Resume),
             102 => Ok(Self::ReverseDialReq),
             103 => Ok(Self::ReverseDialRsp),
+            104 => Ok(Self::Ack),
+            105 => Ok(Self::Resumed),
             _ => usize::try_from(ty)
                 .ok()
                 .and_then(|i| Self::ALL.get(i).copied())
@@ -311,6 +338,22 @@ pub enum Packet {
         /// The `random` of the request this answers.
         random: i64,
     },
+    /// `ACK` with an `Ack` (konn extension, type 104, member 104): the
+    /// sender has received (accepted into the flow's queue) every byte of
+    /// the flow below `offset`, the flow's close counting as one byte
+    /// after the last. On a resumed tunnel, the first ACK of a flow
+    /// announces where the replay starts.
+    Ack {
+        /// The flow.
+        connect_id: i64,
+        /// Bytes received (a non-negative byte offset).
+        offset: i64,
+    },
+    /// `RESUMED` with an (empty) `Resumed` (konn extension, type 105,
+    /// member 105): on a resumed tunnel, every parked flow has been
+    /// announced with its ACK; flows the peer parked and did not announce
+    /// are gone.
+    Resumed,
 }
 
 impl Packet {
@@ -328,6 +371,8 @@ impl Packet {
             Self::Resume { .. } => PacketType::Resume,
             Self::ReverseDialReq { .. } => PacketType::ReverseDialReq,
             Self::ReverseDialRsp { .. } => PacketType::ReverseDialRsp,
+            Self::Ack { .. } => PacketType::Ack,
+            Self::Resumed => PacketType::Resumed,
         }
     }
 
@@ -430,7 +475,8 @@ impl Packet {
                 data,
             } => [I(1, *connect_id), B(2, error.as_bytes()), B(3, data)],
             Self::DialCls { random } => [I(1, *random), N, N],
-            Self::Drain => [N, N, N],
+            Self::Drain | Self::Resumed => [N, N, N],
+            Self::Ack { connect_id, offset } => [I(1, *connect_id), I(2, *offset), N],
             Self::Pause { connect_id } | Self::Resume { connect_id } => [I(1, *connect_id), N, N],
         }
     }
@@ -596,7 +642,9 @@ const fn schema(member: u32) -> [Kind; 3] {
         7 => [Int64, Unknown, Unknown], // CloseDial{random}
         // konn extension: Pause{connectID}, Resume{connectID}
         PAUSE_FIELD | RESUME_FIELD => [Int64, Unknown, Unknown],
-        _ => [Unknown; 3], // Drain{}
+        // konn extension: Ack{connectID, offset}
+        ACK_FIELD => [Int64, Int64, Unknown],
+        _ => [Unknown; 3], // Drain{}, konn's Resumed{}
     }
 }
 
@@ -627,7 +675,9 @@ impl RawPacket {
                 | PAUSE_FIELD
                 | RESUME_FIELD
                 | REVERSE_DIAL_REQ_FIELD
-                | REVERSE_DIAL_RSP_FIELD => {
+                | REVERSE_DIAL_RSP_FIELD
+                | ACK_FIELD
+                | RESUMED_FIELD => {
                     expect_wire_type(field, wire_type, wire::LEN)?;
                     let span = cursor.read_len()?;
                     if raw.member != field {
@@ -721,6 +771,11 @@ impl RawPacket {
                 connect_id: b.int,
                 random: c.int,
             },
+            PacketType::Ack => Packet::Ack {
+                connect_id: a.int,
+                offset: b.int,
+            },
+            PacketType::Resumed => Packet::Resumed,
         })
     }
 }

@@ -115,7 +115,7 @@ fn packet_type_values_and_names() {
         assert_eq!(ty.name(), names[i]);
         assert_eq!(ty.to_string(), names[i]);
     }
-    for bad in [7, 99, 104, -1, -100, i32::MIN, i32::MAX] {
+    for bad in [7, 99, 106, -1, -100, i32::MIN, i32::MAX] {
         assert_eq!(
             PacketType::try_from(bad),
             Err(Error::UnknownPacketType { ty: bad })
@@ -128,6 +128,8 @@ fn extension_types_are_far_from_upstreams() {
     for (ty, value, name) in [
         (PacketType::Pause, 100, "PAUSE"),
         (PacketType::Resume, 101, "RESUME"),
+        (PacketType::Ack, 104, "ACK"),
+        (PacketType::Resumed, 105, "RESUMED"),
     ] {
         assert!(ty.is_extension());
         assert!(!PacketType::ALL.contains(&ty), "not a metric label value");
@@ -140,6 +142,12 @@ fn extension_types_are_far_from_upstreams() {
     assert!(PacketType::ALL.iter().all(|t| !t.is_extension()));
     assert_eq!(Packet::Pause { connect_id: 1 }.ty(), PacketType::Pause);
     assert_eq!(Packet::Resume { connect_id: 1 }.ty(), PacketType::Resume);
+    let ack = Packet::Ack {
+        connect_id: 1,
+        offset: 2,
+    };
+    assert_eq!(ack.ty(), PacketType::Ack);
+    assert_eq!(Packet::Resumed.ty(), PacketType::Resumed);
 }
 
 #[test]
@@ -275,9 +283,9 @@ fn decodes_extension_packets_like_other_members() {
             payload_field: 101
         })
     );
-    // Field 104 is not a member: skipped as unknown.
+    // Field 106 is not a member: skipped as unknown.
     assert_eq!(
-        Msg::new().varint(1, 6).msg(104, Msg::new()).decode(),
+        Msg::new().varint(1, 6).msg(106, Msg::new()).decode(),
         Ok(Packet::Drain)
     );
     // The reverse-direction members are DialRequest/DialResponse-shaped.
@@ -745,7 +753,7 @@ fn type_payload_mismatch() {
     );
     // Every (type, member) pair other than the right one.
     for ty in PacketType::ALL.into_iter().chain(PacketType::EXTENSIONS) {
-        for member in (2..=8).chain([100, 101]) {
+        for member in (2..=8).chain([100, 101, 104, 105]) {
             let m = Msg::new().varint(1, ty as u64).msg(member, Msg::new());
             let expected = if member == ty.payload_field() {
                 Ok(ty)

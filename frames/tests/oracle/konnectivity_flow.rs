@@ -3,7 +3,10 @@
 pub struct Packet {
     #[prost(enumeration = "PacketType", tag = "1")]
     pub r#type: i32,
-    #[prost(oneof = "packet::Payload", tags = "2, 3, 4, 5, 6, 7, 8, 100, 101, 102, 103")]
+    #[prost(
+        oneof = "packet::Payload",
+        tags = "2, 3, 4, 5, 6, 7, 8, 100, 101, 102, 103, 104, 105"
+    )]
     pub payload: ::core::option::Option<packet::Payload>,
 }
 /// Nested message and enum types in `Packet`.
@@ -36,6 +39,12 @@ pub mod packet {
         /// konn-flow-control
         #[prost(message, tag = "103")]
         ReverseDialResponse(super::DialResponse),
+        /// konn-flow-control
+        #[prost(message, tag = "104")]
+        Ack(super::Ack),
+        /// konn-flow-control
+        #[prost(message, tag = "105")]
+        Resumed(super::Resumed),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -95,6 +104,17 @@ pub struct Resume {
     #[prost(int64, tag = "1")]
     pub connect_id: i64,
 }
+/// konn-flow-control: REVERSE_DIAL_REQ/RSP (KEP-2025) reuse DialRequest/DialResponse.  // konn-flow-control
+/// konn-resume: ACK carries the flow's connectID and received offset.  // konn-flow-control
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Ack {
+    #[prost(int64, tag = "1")]
+    pub connect_id: i64,
+    #[prost(int64, tag = "2")]
+    pub offset: i64,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Resumed {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum PacketType {
@@ -113,6 +133,10 @@ pub enum PacketType {
     ReverseDialReq = 102,
     /// konn-flow-control
     ReverseDialRsp = 103,
+    /// konn-flow-control
+    Ack = 104,
+    /// konn-flow-control
+    Resumed = 105,
 }
 impl PacketType {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -132,6 +156,8 @@ impl PacketType {
             Self::Resume => "RESUME",
             Self::ReverseDialReq => "REVERSE_DIAL_REQ",
             Self::ReverseDialRsp => "REVERSE_DIAL_RSP",
+            Self::Ack => "ACK",
+            Self::Resumed => "RESUMED",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -148,6 +174,8 @@ impl PacketType {
             "RESUME" => Some(Self::Resume),
             "REVERSE_DIAL_REQ" => Some(Self::ReverseDialReq),
             "REVERSE_DIAL_RSP" => Some(Self::ReverseDialRsp),
+            "ACK" => Some(Self::Ack),
+            "RESUMED" => Some(Self::Resumed),
             _ => None,
         }
     }

@@ -22,6 +22,13 @@
 //! - an endpoint whose queue drains nothing for the stuck timeout is closed
 //!   with [`STUCK`] ([`Tunnel::handle_timeout`]) and its credit returned.
 //!
+//! With konn's `konn-resume` extension negotiated ([`Tunnel::set_resume`],
+//! the `resume` submodule, docs/design/resume.md) the tunnel counts each
+//! connection's bytes both ways, acknowledges them, keeps what it sent
+//! until acknowledged ([`Tunnel::data_sent`]), parks its endpoints when
+//! the tunnel breaks ([`Tunnel::tunnel_broken`]) and replays on a resumed
+//! one ([`Tunnel::tunnel_resumed`]).
+//!
 //! The reverse direction (KEP-2025, docs/design/reverse.md), with konn's
 //! `konn-reverse` extension negotiated ([`Tunnel::set_reverse`]): a
 //! connection the agent accepted on a node-local listener asks the server
@@ -190,6 +197,8 @@ pub struct Tunnel {
     reverse: bool,
     /// Reverse dials waiting for the server's answer (the agent's ids).
     reverse_pending: std::collections::BTreeSet<i64>,
+    /// `konn-resume`, when negotiated (`resume.rs`).
+    resume: Option<crate::resume::ResumeSession>,
 }
 
 impl Tunnel {
@@ -204,6 +213,7 @@ impl Tunnel {
             flow_control: false,
             reverse: false,
             reverse_pending: std::collections::BTreeSet::new(),
+            resume: None,
         }
     }
 
@@ -312,6 +322,10 @@ impl Tunnel {
             Packet::Data {
                 connect_id, data, ..
             } => {
+                let Some(data) = self.resume_received(now, connect_id, data) else {
+                    self.release(credit); // a duplicate, or a violation
+                    return;
+                };
                 let may_pause = self.flow_control;
                 let lim = self.cfg.flow;
                 if let Some(Endpoint::Open(f)) = self.endpoints.get_mut(&connect_id) {
@@ -329,6 +343,8 @@ impl Tunnel {
                 }
                 self.close_rsp(connect_id, UNRECOGNIZED_CONNECT_ID);
             }
+            // A replayed duplicate of a close already handled.
+            Packet::CloseReq { connect_id } if !self.resume_close_received(now, connect_id) => {}
             Packet::CloseReq { connect_id } => match self.endpoints.get(&connect_id) {
                 Some(Endpoint::Open(_)) => {
                     self.remove_open(connect_id);
@@ -382,6 +398,7 @@ impl Tunnel {
             | Packet::Resume { .. }
             | Packet::ReverseDialReq { .. }
             | Packet::ReverseDialRsp { .. } => {}
+            p @ (Packet::Ack { .. } | Packet::Resumed) => self.resume_packet(p),
         }
         // Everything but DATA to an open endpoint is done with.
         self.release(credit);
@@ -406,12 +423,14 @@ impl Tunnel {
                 Endpoint::Open(f) => f.rx.deadline(lim),
                 Endpoint::Dialing { .. } => None,
             })
+            .chain(self.resume_timeout())
             .min()
     }
 
     /// Close every endpoint that is stuck at `now` (nothing drained from a
     /// non-empty queue for the stuck timeout).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.resume_handle_timeout(now);
         let lim = self.cfg.flow;
         let mut stuck: Vec<i64> = self
             .endpoints
@@ -498,6 +517,7 @@ impl Tunnel {
         let random = *random;
         self.endpoints
             .insert(connect_id, Endpoint::Open(Flow::default()));
+        self.resume_open(connect_id);
         self.actions.push_back(Action::DialSucceeded);
         self.actions.push_back(Action::ToServer(Packet::DialRsp {
             error: ByteStr::new(),
@@ -544,8 +564,10 @@ impl Tunnel {
     /// Tell the server this side closed `connect_id`.
     fn closed(&mut self, connect_id: i64, error: &str) {
         if connect_id < 0 {
-            self.actions
-                .push_back(Action::ToServer(Packet::CloseReq { connect_id }));
+            if self.resume_close_sent(connect_id) {
+                self.actions
+                    .push_back(Action::ToServer(Packet::CloseReq { connect_id }));
+            }
         } else {
             self.close_rsp(connect_id, error);
         }
@@ -558,6 +580,7 @@ impl Tunnel {
         if ok && connect_id < 0 && !self.endpoints.contains_key(&connect_id) {
             self.endpoints
                 .insert(connect_id, Endpoint::Open(Flow::default()));
+            self.resume_open(connect_id);
             self.actions
                 .push_back(Action::ReverseEstablished { random, connect_id });
         } else {
@@ -579,6 +602,9 @@ impl Tunnel {
 
     /// The tunnel is gone: every endpoint closes, every dial is abandoned.
     pub fn tunnel_gone(&mut self) {
+        if let Some(s) = self.resume.as_mut() {
+            s.abandon();
+        }
         for random in std::mem::take(&mut self.reverse_pending) {
             self.actions.push_back(Action::ReverseFailed { random });
         }
@@ -598,6 +624,9 @@ impl Tunnel {
     }
 
     fn close_rsp(&mut self, connect_id: i64, error: &str) {
+        if !self.resume_close_sent(connect_id) {
+            return; // parked: the replay sends it
+        }
         self.actions.push_back(Action::ToServer(Packet::CloseRsp {
             error: if error.is_empty() {
                 ByteStr::new()
@@ -610,6 +639,9 @@ impl Tunnel {
 }
 
 mod invariants;
+mod resume;
+
+pub use resume::RESUME_VIOLATION;
 
 #[cfg(test)]
 mod tests {

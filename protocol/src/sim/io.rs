@@ -219,6 +219,11 @@ impl Sim {
                 if !b.is_empty() {
                     d.outbox.push_front(b);
                 }
+                // konn-resume keeps it for replay (sent with the replay
+                // while parked).
+                if !self.tunnel.data_sent(connect_id, &chunk) {
+                    continue;
+                }
                 let p = Packet::Data {
                     connect_id,
                     error: ByteStr::new(),
@@ -313,8 +318,9 @@ impl Sim {
     fn router_action(&mut self, a: Action) {
         match a {
             Action::ToBackend { backend, payload } => {
-                // A gone backend's packets are dropped with it.
-                if backend == self.backend {
+                // A gone backend's packets are dropped with it, and so are
+                // a parked one's (it has no stream).
+                if backend == self.backend && !self.parked {
                     match decode(payload) {
                         Ok(pf) => self.s2a.queue.push_back(pf),
                         Err(e) => self.violate(e),
@@ -453,10 +459,11 @@ impl Sim {
 
     fn tunnel_action(&mut self, a: T) {
         match a {
-            T::ToServer(p) => {
+            T::ToServer(p) if !self.parked => {
                 let f = framed(&p);
                 self.a2s.queue.push_back((p, f));
             }
+            T::ToServer(_) => {} // no stream while parked
             T::Dial {
                 connect_id,
                 address,

@@ -28,6 +28,12 @@
 //!   order, on its own connection, nothing after its agent's CLOSE_RSP; no
 //!   frontend gets a packet it cannot expect.
 //!
+//! With `konn-resume` ([`Sim::with_resume`], [`run_resumable`]) the
+//! tunnel's connection can be cut with packets in flight lost
+//! ([`Op::Cut`]): both sides park, and [`Op::Reconnect`] resumes on fresh
+//! stream windows (the same backend id); the echo check then proves that
+//! nothing was lost, duplicated or reordered across the cut.
+//!
 //! [`Sim::wind_down`] then closes everything and checks the return to
 //! baseline ([`Sim::clean`]): empty tables, all credit back, every
 //! destination closed, no dial in progress.
@@ -133,6 +139,14 @@ pub enum Op {
     Drain,
     /// The tunnel dies; the agent connects a new one.
     TunnelGone,
+    /// The tunnel's connection breaks after this many packets in flight
+    /// each way got through (the rest is lost). With resume
+    /// ([`Sim::with_resume`]) both sides park until [`Op::Reconnect`] or
+    /// the window's end; without it this is [`Op::TunnelGone`].
+    Cut(usize),
+    /// The agent reconnects to the same server and resumes a parked tunnel
+    /// (nothing when none is parked).
+    Reconnect,
     /// Time passes (ms).
     Wait(u64),
 }
@@ -249,6 +263,10 @@ pub struct Sim {
     cancelled_dials: usize,
     /// The first broken invariant.
     violation: Option<String>,
+    /// `konn-resume` negotiated, with this window.
+    resume: Option<Duration>,
+    /// The tunnel is parked (broken, waiting for [`Op::Reconnect`]).
+    parked: bool,
 }
 
 impl Sim {
@@ -279,9 +297,33 @@ impl Sim {
             dialing: Vec::new(),
             cancelled_dials: 0,
             violation: None,
+            resume: None,
+            parked: false,
         };
         sim.connect_tunnel();
         sim
+    }
+
+    /// As [`Sim::new`], with `konn-resume` negotiated on every tunnel and
+    /// a resume window of `window`.
+    pub fn with_resume(now: Instant, flow_control: bool, window: Duration) -> Self {
+        let mut sim = Self::new(now, flow_control);
+        sim.resume = Some(window);
+        sim.negotiate_resume();
+        sim
+    }
+
+    fn negotiate_resume(&mut self) {
+        if self.resume.is_some() {
+            let limits = crate::resume::ResumeLimits::from_queue_size(QUEUE);
+            self.router.set_resume(self.backend, Some(limits));
+            self.tunnel.set_resume(Some(limits));
+        }
+    }
+
+    /// Whether the tunnel is parked.
+    pub fn parked(&self) -> bool {
+        self.parked
     }
 
     /// A fresh tunnel (and backend id) between the agent and the server.
@@ -304,6 +346,8 @@ impl Sim {
         self.a2s = Link::new();
         // The old tunnel's destinations are all closed (checked).
         self.dests.clear();
+        self.parked = false;
+        self.negotiate_resume();
     }
 
     // ----- what scenarios do --------------------------------------------
@@ -388,6 +432,8 @@ impl Sim {
                 self.tunnel_gone();
                 self.connect_tunnel();
             }
+            Op::Cut(k) => self.cut(k),
+            Op::Reconnect => self.reconnect(),
             Op::Wait(ms) => self.run_for(Duration::from_millis(ms)),
         }
     }
@@ -541,6 +587,77 @@ impl Sim {
         }
     }
 
+    /// The tunnel's connection breaks: `k` packets in flight each way get
+    /// through, the rest is lost. With resume both sides park; without,
+    /// the tunnel is gone and a new one connects.
+    pub fn cut(&mut self, k: usize) {
+        if self.parked {
+            return;
+        }
+        let Some(window) = self.resume else {
+            self.tunnel_gone();
+            self.connect_tunnel();
+            return;
+        };
+        for _ in 0..k {
+            if let Some((p, f)) = self.s2a.queue.pop_front() {
+                self.tunnel.server_packet(self.now, p, f.len());
+                self.pump();
+            }
+            if let Some((p, f)) = self.a2s.queue.pop_front() {
+                let credit = f.len();
+                let _ = self
+                    .router
+                    .backend_packet(self.now, self.backend, p, f, credit);
+                self.pump();
+            }
+        }
+        self.s2a = Link::new();
+        self.a2s = Link::new();
+        self.parked = true;
+        let parked_server = self.router.backend_broken(self.now, self.backend, window);
+        let parked_agent = self.tunnel.tunnel_broken(self.now, window);
+        if !(parked_server && parked_agent) {
+            // Not parked (DRAIN): as a lost tunnel.
+            self.parked = false;
+            if parked_server {
+                self.router.backend_gone(self.backend);
+            }
+            if parked_agent {
+                self.tunnel.tunnel_gone();
+            }
+            self.pump();
+            self.connect_tunnel();
+            return;
+        }
+        self.pump();
+    }
+
+    /// The agent reconnects and resumes the parked tunnel (same backend
+    /// id, fresh stream windows). Past the window both sides have closed
+    /// everything already; then a new tunnel connects instead.
+    pub fn reconnect(&mut self) {
+        if !self.parked {
+            return;
+        }
+        self.parked = false;
+        let alive = self.router.backend_parked(self.backend)
+            && self
+                .tunnel
+                .resume_session()
+                .is_some_and(|s| matches!(s.state(), crate::resume::SessionState::Parked { .. }));
+        if !alive {
+            self.router.backend_gone(self.backend);
+            self.tunnel.tunnel_gone();
+            self.pump();
+            self.connect_tunnel();
+            return;
+        }
+        self.router.backend_resumed(self.backend);
+        self.tunnel.tunnel_resumed();
+        self.pump();
+    }
+
     /// Runs for `d` of simulated time.
     pub fn run_for(&mut self, d: Duration) {
         let end = self.now + d;
@@ -632,7 +749,8 @@ impl Sim {
     }
 
     /// Everything closed: empty tables, all credit back in both windows,
-    /// every destination closed, no dial in progress.
+    /// every destination closed, no dial in progress, and (with
+    /// `konn-resume`) no connection's resume state left on either side.
     pub fn clean(&self) -> Result<(), String> {
         let (stats, endpoints, s2a, a2s) = self.stats();
         if (stats.pending_dials, stats.established, stats.frontends) != (0, 0, 0) {
@@ -656,6 +774,17 @@ impl Sim {
         if let Some((f, fe)) = self.fes.iter().find(|(_, fe)| fe.summaries != 1) {
             return Err(format!("frontend {f}: {} summaries", fe.summaries));
         }
+        // konn-resume: every connection's state gone (closes acknowledged).
+        let server = self
+            .router
+            .resume_session(self.backend)
+            .map_or(0, |s| s.len());
+        let agent = self.tunnel.resume_session().map_or(0, |s| s.len());
+        if (server, agent) != (0, 0) {
+            return Err(format!(
+                "resume state of {server} connections at the server, {agent} at the agent"
+            ));
+        }
         Ok(())
     }
 
@@ -671,7 +800,23 @@ impl Sim {
 /// goes away and the timeouts pass — and the return to baseline. `Err`
 /// names the first invariant broken.
 pub fn run(now: Instant, flow_control: bool, ops: &[Op]) -> Result<(), String> {
-    let mut sim = Sim::new(now, flow_control);
+    run_sim(Sim::new(now, flow_control), ops)
+}
+
+/// [`run`] with `konn-resume` negotiated and a resume window of `window`
+/// ([`Op::Cut`] parks, [`Op::Reconnect`] resumes). A parked tunnel at the
+/// end reconnects before the wind-down.
+pub fn run_resumable(
+    now: Instant,
+    flow_control: bool,
+    window: Duration,
+    ops: &[Op],
+) -> Result<(), String> {
+    let ops: Vec<Op> = ops.iter().cloned().chain([Op::Reconnect]).collect();
+    run_sim(Sim::with_resume(now, flow_control, window), &ops)
+}
+
+fn run_sim(mut sim: Sim, ops: &[Op]) -> Result<(), String> {
     for (i, op) in ops.iter().enumerate() {
         sim.apply(op);
         sim.check().map_err(|e| format!("step {i} ({op:?}): {e}"))?;

@@ -46,6 +46,7 @@ impl Router {
     /// and its pending dials fail now. Relayed flows of other cores end
     /// there, on the same announcement.
     pub fn backend_gone(&mut self, id: BackendId) {
+        self.resume_forget(id);
         self.directory.remove(id);
         let Some(b) = self.backends.remove(&id) else {
             return;
@@ -111,6 +112,12 @@ impl Router {
         framed: Bytes,
         credit: usize,
     ) -> usize {
+        if !self.backends.contains_key(&id) {
+            return credit;
+        }
+        let Some((packet, framed)) = self.resume_in(now, id, packet, framed) else {
+            return credit; // konn-resume's own, a duplicate or a violation
+        };
         let Some(b) = self.backends.get_mut(&id) else {
             return credit;
         };
@@ -302,7 +309,10 @@ impl Router {
             | Packet::CloseReq { .. }
             | Packet::Pause { .. }
             | Packet::Resume { .. }
-            | Packet::ReverseDialRsp { .. } => {}
+            | Packet::ReverseDialRsp { .. }
+            // konn-resume's are consumed by `resume_in` when negotiated.
+            | Packet::Ack { .. }
+            | Packet::Resumed => {}
         }
         credit
     }

@@ -121,7 +121,9 @@ impl Router {
             | Packet::CloseRsp { .. }
             | Packet::Drain
             | Packet::Pause { .. }
-            | Packet::Resume { .. } => {}
+            | Packet::Resume { .. }
+            | Packet::Ack { .. }
+            | Packet::Resumed => {}
         }
     }
 
@@ -240,13 +242,14 @@ impl Router {
         let lim = &self.cfg.flow;
         let dials = self.pending.values().map(|p| p.deadline);
         let flows = self.frontends.values().filter_map(|f| f.rx.deadline(lim));
-        dials.chain(flows).min()
+        dials.chain(flows).chain(self.resume_timeout()).min()
     }
 
     /// Expire pending dials due at `now`, and close frontends that are
     /// stuck at `now` (nothing drained from their queue for the stuck
     /// timeout).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.resume_handle_timeout(now);
         let mut due: Vec<i64> = self
             .pending
             .iter()

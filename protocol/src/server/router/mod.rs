@@ -449,6 +449,8 @@ pub struct Router {
     frontends: HashMap<FrontendId, Frontend>,
     pending: HashMap<i64, Pending>,
     actions: std::collections::VecDeque<Action>,
+    /// `konn-resume` sessions of local backends (`resume.rs`).
+    resume: resume::ResumeState,
 }
 
 impl Router {
@@ -461,6 +463,7 @@ impl Router {
             frontends: HashMap::new(),
             pending: HashMap::new(),
             actions: std::collections::VecDeque::new(),
+            resume: resume::ResumeState::default(),
         }
     }
 
@@ -641,6 +644,7 @@ mod flow;
 mod frontend;
 mod relay;
 mod responses;
+mod resume;
 mod reverse;
 
 use account::Account;
@@ -648,6 +652,7 @@ pub use account::{ConnResult, ConnSummary, ConnView, Side};
 use relay::relay_target;
 use responses::{DialFail, no_tunnel_response, raw_response, refused_response};
 pub use responses::{dial_error_response, dial_error_status};
+pub use resume::RESUME_VIOLATION;
 use reverse::ReverseState;
 pub use reverse::{REVERSE_REFUSED, ReverseConfig, ReverseRefusal};
 

@@ -73,7 +73,9 @@ impl Router {
             | Packet::CloseRsp { .. }
             | Packet::Drain
             | Packet::ReverseDialReq { .. }
-            | Packet::ReverseDialRsp { .. } => return,
+            | Packet::ReverseDialRsp { .. }
+            | Packet::Ack { .. }
+            | Packet::Resumed => return,
         }
         self.send_backend(backend, Payload::Forward(framed));
     }
@@ -86,6 +88,7 @@ impl Router {
                 core,
                 relay: Relay::ToBackend { backend, payload },
             },
+            None if !self.resume_out(backend, &payload) => return, // with the replay
             None => Action::ToBackend { backend, payload },
         };
         self.actions.push_back(action);
@@ -132,6 +135,8 @@ pub(super) fn relay_target(b: &mut Backend, packet: &Packet) -> Option<usize> {
         | Packet::CloseReq { .. }
         | Packet::Drain
         | Packet::ReverseDialReq { .. }
-        | Packet::ReverseDialRsp { .. } => None,
+        | Packet::ReverseDialRsp { .. }
+        | Packet::Ack { .. }
+        | Packet::Resumed => None,
     }
 }

@@ -1,0 +1,110 @@
+//! Resumable tunnels (konn extension `konn-resume`), sans-IO.
+//!
+//! When the TCP connection under an agent tunnel breaks while both
+//! processes live, the connections it carried need not die: both sides
+//! *park* them for `--resume-window`, the agent reconnects to the same
+//! server and presents the tunnel's [`ResumeToken`], and both sides replay
+//! what the other did not receive. `docs/design/resume.md` has the wire
+//! protocol; this module is the arithmetic that makes it exact:
+//!
+//! - [`ReplayBuffer`] — the send half of one connection: every DATA
+//!   payload sent gets the next byte offset, and stays (as the refcounted
+//!   [`Bytes`] already in hand, no copy) until the peer's cumulative ACK
+//!   passes it. On resume it yields the segments from the peer's receive
+//!   offset.
+//! - [`Receiver`] — the receive half: delivers each byte exactly once and
+//!   in order whatever duplicates, overlaps or reordered segments a replay
+//!   brings (out-of-order segments wait in a bounded hold), and decides
+//!   when a cumulative ACK is due (every [`ResumeLimits::ack_bytes`], or
+//!   [`ResumeLimits::ack_delay`] after the first unacknowledged byte).
+//! - [`ConnResume`] — both halves of one connection and its phase
+//!   (`Live → Parked → Syncing → Live`), the unit the router and the
+//!   agent's tunnel keep per connectID.
+//! - [`ResumeSession`] — one tunnel's connections: ACKs due, parking,
+//!   the resume handshake (announcing ACKs, RESUMED), what to replay;
+//!   what the agent's tunnel and the router's backend embed.
+//! - [`ParkTable`] — the server's parked tunnels: token, the agent's
+//!   authenticated identity, deadline; claiming one needs both.
+//!
+//! Nothing here reads a clock or draws randomness: tokens are made from
+//! bytes the driver drew, time arrives as `now`. No input panics; a peer
+//! that breaks a rule (acknowledges bytes never sent, sends a segment far
+//! beyond the hold bound) gets [`Error::Resume`], and its connection is
+//! closed by the caller.
+
+mod conn;
+mod park;
+mod recv;
+mod send;
+mod session;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+pub use conn::{ConnResume, Phase};
+pub use park::{ClaimError, ParkTable, ResumeToken};
+pub use recv::Receiver;
+pub use send::ReplayBuffer;
+pub use session::{Replay, ResumeSession, SessionState};
+
+use crate::Error;
+
+/// The request metadata a konn agent offers resume with, and the response
+/// header a konn server accepts it with (value [`RESUME_VERSION`]).
+pub const RESUME_METADATA: &str = "konn-resume";
+/// The only version of the extension.
+pub const RESUME_VERSION: &str = "v1";
+/// The server's response header carrying the tunnel's token (hex), and the
+/// agent's request metadata presenting it on reconnect.
+pub const RESUME_TOKEN_METADATA: &str = "konn-resume-token";
+
+/// How a connection's resume state acknowledges and bounds itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResumeLimits {
+    /// An ACK is due once this many bytes arrived unacknowledged.
+    pub ack_bytes: u64,
+    /// An ACK is due this long after the first unacknowledged byte.
+    pub ack_delay: Duration,
+    /// Out-of-order bytes a receiver holds before it gives up on the
+    /// connection (only a replay after a second cut produces any).
+    pub hold_limit: usize,
+    /// Unacknowledged bytes above which the sender stops reading the
+    /// connection's source (a safety net: acknowledgement on receipt keeps
+    /// the replay buffer at about one round trip of data, which the tunnel
+    /// window already bounds).
+    pub replay_limit: u64,
+}
+
+impl ResumeLimits {
+    /// The limits for a per-connection queue size `queue`
+    /// (`--conn-queue-size`): ACK every q/16 (64 KiB by default) or 10 ms,
+    /// hold and replay at most 4q (the flow-control limit).
+    pub fn from_queue_size(queue: usize) -> Self {
+        let q = queue.max(16 << 10);
+        Self {
+            ack_bytes: (q / 16) as u64,
+            ack_delay: Duration::from_millis(10),
+            hold_limit: q.saturating_mul(4),
+            replay_limit: q.saturating_mul(4) as u64,
+        }
+    }
+}
+
+impl Default for ResumeLimits {
+    /// For `--conn-queue-size`'s default, 1 MiB.
+    fn default() -> Self {
+        Self::from_queue_size(1 << 20)
+    }
+}
+
+/// `end - start` as `usize`, saturating (offsets differ by at most one
+/// segment's or one buffer's length where this is used).
+fn span(start: u64, end: u64) -> usize {
+    usize::try_from(end.saturating_sub(start)).unwrap_or(usize::MAX)
+}
+
+/// The error for a peer that broke the resume protocol.
+const fn violation(what: &'static str) -> Error {
+    Error::Resume(what)
+}

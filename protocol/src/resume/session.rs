@@ -1,0 +1,355 @@
+//! One tunnel's resume state: every connection's [`ConnResume`], the ACKs
+//! due, parking and the resume handshake — the layer the agent's tunnel
+//! and the router's backend embed behind small hooks.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use konn_frames::packet::Packet;
+
+use super::{ConnResume, Phase, ResumeLimits, violation};
+use crate::Error;
+
+/// Where the tunnel stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    /// The tunnel is up.
+    Live,
+    /// The tunnel broke; its connections wait until `deadline`.
+    Parked {
+        /// The end of the resume window.
+        deadline: Instant,
+    },
+    /// On the resumed tunnel, before the peer's RESUMED.
+    Syncing,
+}
+
+/// What to send for one connection once the peer announced its offset:
+/// the unacknowledged payloads (as plain DATA, in order), then the close if
+/// it was sent and not acknowledged.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Replay {
+    /// The payloads, in order (zero-copy handles of the sent buffers).
+    pub data: Vec<Bytes>,
+    /// Re-send the close (CLOSE_REQ / CLOSE_RSP) after them.
+    pub close: bool,
+}
+
+/// The resume state of one tunnel's connections.
+#[derive(Debug)]
+pub struct ResumeSession {
+    limits: ResumeLimits,
+    conns: HashMap<i64, ConnResume>,
+    state: SessionState,
+    /// Connections whose ACK is due by time (each listed once, flagged in
+    /// [`ConnResume`]; ids of forgotten ones are skipped).
+    ack_owed: Vec<i64>,
+    /// Handshake packets to send (ACKs announcing offsets, RESUMED).
+    out: VecDeque<Packet>,
+    /// The connections the peer announced during the handshake.
+    announced: HashSet<i64>,
+}
+
+impl ResumeSession {
+    /// A live session with no connections.
+    pub fn new(limits: ResumeLimits) -> Self {
+        Self {
+            limits,
+            conns: HashMap::new(),
+            state: SessionState::Live,
+            ack_owed: Vec::new(),
+            out: VecDeque::new(),
+            announced: HashSet::new(),
+        }
+    }
+
+    /// The tunnel's state.
+    pub fn state(&self) -> SessionState {
+        self.state
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &ResumeLimits {
+        &self.limits
+    }
+
+    /// A connection was established (DIAL_RSP): track it from offset 0.
+    pub fn open(&mut self, id: i64) {
+        self.conns.entry(id).or_default();
+    }
+
+    /// Whether the connection is tracked.
+    pub fn contains(&self, id: i64) -> bool {
+        self.conns.contains_key(&id)
+    }
+
+    /// The connection's state.
+    pub fn conn(&self, id: i64) -> Option<&ConnResume> {
+        self.conns.get(&id)
+    }
+
+    /// Connections tracked (live, parked or lingering after their close).
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Whether no connection is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// Whether the connection's source may be read now.
+    pub fn may_read(&self, id: i64) -> bool {
+        self.state == SessionState::Live
+            && self
+                .conns
+                .get(&id)
+                .is_some_and(|c| c.may_read(&self.limits))
+    }
+
+    /// A DATA payload for `id` follows its last byte: kept for replay.
+    /// Returns whether to send it now; `false` while the connection is
+    /// parked or syncing — the replay sends it.
+    pub fn sent(&mut self, id: i64, data: &Bytes) -> Result<bool, Error> {
+        let conn = self.conn_mut(id)?;
+        conn.send(data);
+        Ok(conn.phase() == Phase::Live)
+    }
+
+    /// Our close for `id` follows its last byte: the connection lingers
+    /// until the peer acknowledges it ([`ack`](Self::ack) forgets it then,
+    /// see [`ConnResume::finished`]). Returns whether to send the close
+    /// now; `false` while the connection is parked or syncing — the replay
+    /// sends it ([`Replay::close`]).
+    pub fn close_sent(&mut self, id: i64) -> Result<bool, Error> {
+        let conn = self.conn_mut(id)?;
+        conn.send_close();
+        Ok(conn.phase() == Phase::Live)
+    }
+
+    /// A plain DATA payload for `id` arrived: `deliver` gets the new bytes
+    /// (normally the whole payload; nothing for a duplicate).
+    pub fn received(
+        &mut self,
+        now: Instant,
+        id: i64,
+        data: Bytes,
+        deliver: &mut impl FnMut(Bytes),
+    ) -> Result<(), Error> {
+        let limits = self.limits;
+        let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
+        conn.data(now, data, &limits, deliver)?;
+        self.ack_if_due(now, id);
+        Ok(())
+    }
+
+    /// The peer's close for `id` arrived; returns whether it is new (the
+    /// caller acts on it) rather than a replayed duplicate. Its ACK is due
+    /// at once; once that is sent (and our own close, if any, is
+    /// acknowledged) the connection is forgotten.
+    pub fn close_received(&mut self, now: Instant, id: i64) -> Result<bool, Error> {
+        let limits = self.limits;
+        let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
+        let before = conn.rx().closed();
+        conn.close_received(now, &limits)?;
+        let fresh = !before && conn.rx().closed();
+        self.ack_if_due(now, id);
+        Ok(fresh)
+    }
+
+    /// After input for `id`: its ACK goes out now if due by size (or a
+    /// close), else it waits in the timer list — constant work per packet.
+    fn ack_if_due(&mut self, now: Instant, id: i64) {
+        let limits = self.limits;
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if let Some(offset) = conn.poll_ack(now, &limits) {
+            self.out.push_back(ack_packet(id, offset));
+            if conn.finished() {
+                self.conns.remove(&id);
+            }
+        } else if conn.rx().ack_pending() && !conn.timer_listed {
+            conn.timer_listed = true;
+            self.ack_owed.push(id);
+        }
+    }
+
+    /// The peer's ACK for `id`. Live: releases replay bytes, and forgets a
+    /// connection whose close is now acknowledged. Syncing: the peer's
+    /// announcement — the answer is what to replay now.
+    pub fn ack(&mut self, id: i64, offset: i64) -> Result<Option<Replay>, Error> {
+        let offset = u64::try_from(offset).map_err(|_| violation("negative ACK offset"))?;
+        if self.state == SessionState::Syncing {
+            self.announced.insert(id);
+        }
+        let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
+        let replay = if conn.ack(offset)? {
+            Some(Replay {
+                data: conn.replay().map(|(_, b)| b.clone()).collect(),
+                close: conn.tx().fin_unacked(),
+            })
+        } else {
+            None
+        };
+        if conn.finished() {
+            self.forget(id);
+        }
+        Ok(replay)
+    }
+
+    /// The next packet to send: the handshake's, and ACKs that came due
+    /// (on input, or in [`handle_timeout`](Self::handle_timeout)).
+    pub fn poll_packet(&mut self) -> Option<Packet> {
+        self.out.pop_front()
+    }
+
+    /// ACKs due by time at `now` move to [`poll_packet`](Self::poll_packet).
+    /// Walks the timer list once (the timer path, not per packet).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let limits = self.limits;
+        let mut i = 0;
+        // Bounded: each round removes an entry or moves past one.
+        while let Some(&id) = self.ack_owed.get(i) {
+            let keep = match self.conns.get_mut(&id) {
+                None => false,
+                Some(conn) => match conn.poll_ack(now, &limits) {
+                    Some(offset) => {
+                        let finished = conn.finished();
+                        self.out.push_back(ack_packet(id, offset));
+                        if finished {
+                            self.conns.remove(&id);
+                        }
+                        false
+                    }
+                    // Still owed (not yet due, or syncing), or nothing.
+                    None => conn.rx().ack_pending(),
+                },
+            };
+            if keep {
+                i += 1;
+            } else {
+                self.ack_owed.swap_remove(i);
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.timer_listed = false;
+                }
+            }
+        }
+    }
+
+    /// When an ACK is due by time, or the window ends.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if let SessionState::Parked { deadline } = self.state {
+            return Some(deadline);
+        }
+        self.ack_owed
+            .iter()
+            .filter_map(|id| self.conns.get(id)?.poll_timeout())
+            .min()
+    }
+
+    /// Forgets a connection (closed without a resume to wait for, or fully
+    /// acknowledged); returns the bytes it held.
+    pub fn forget(&mut self, id: i64) -> u64 {
+        self.conns.remove(&id).map_or(0, |c| c.held_bytes())
+    }
+
+    /// The tunnel broke: park every connection until `now + window`.
+    pub fn park(&mut self, now: Instant, window: Duration) {
+        for conn in self.conns.values_mut() {
+            conn.park();
+            conn.timer_listed = false;
+        }
+        self.ack_owed.clear();
+        self.out.clear();
+        self.announced.clear();
+        self.state = SessionState::Parked {
+            deadline: now.checked_add(window).unwrap_or(now),
+        };
+    }
+
+    /// Whether the window of a parked tunnel ended at `now`: the caller
+    /// closes every connection as on a lost tunnel ([`abandon`](Self::abandon)).
+    pub fn expired(&self, now: Instant) -> bool {
+        matches!(self.state, SessionState::Parked { deadline } if deadline <= now)
+    }
+
+    /// The tunnel resumed: announce every parked connection's receive
+    /// offset (ACKs), then RESUMED; see [`poll_packet`](Self::poll_packet).
+    pub fn resume(&mut self) {
+        let mut ids: Vec<i64> = self.conns.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            if let Some(conn) = self.conns.get_mut(&id) {
+                let offset = conn.begin_sync();
+                self.out.push_back(ack_packet(id, offset));
+            }
+        }
+        self.out.push_back(Packet::Resumed);
+        self.announced.clear();
+        self.state = SessionState::Syncing;
+    }
+
+    /// The peer's RESUMED: the connections it did not announce are gone at
+    /// its end; they are forgotten here and returned, for the caller to
+    /// close as on a lost tunnel. The session is live again.
+    pub fn peer_resumed(&mut self) -> Vec<i64> {
+        let gone: Vec<i64> = self
+            .conns
+            .iter()
+            .filter(|(id, c)| c.phase() == Phase::Syncing && !self.announced.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &gone {
+            self.forget(*id);
+        }
+        self.announced.clear();
+        self.state = SessionState::Live;
+        gone
+    }
+
+    /// Every connection, forgotten (the window ended, the resume was
+    /// refused, or the tunnel closed for good); returns their ids for the
+    /// caller to close as on a lost tunnel.
+    pub fn abandon(&mut self) -> Vec<i64> {
+        let ids: Vec<i64> = self.conns.keys().copied().collect();
+        self.conns.clear();
+        self.ack_owed.clear();
+        self.out.clear();
+        self.announced.clear();
+        self.state = SessionState::Live;
+        ids
+    }
+
+    /// Bytes held for replay and out of order by all connections (what
+    /// counts against the memory budget).
+    pub fn held_bytes(&self) -> u64 {
+        self.conns.values().map(ConnResume::held_bytes).sum()
+    }
+
+    fn conn_mut(&mut self, id: i64) -> Result<&mut ConnResume, Error> {
+        self.conns.get_mut(&id).ok_or(UNKNOWN)
+    }
+
+    #[doc(hidden)]
+    /// The invariants of every connection.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (id, c) in &self.conns {
+            c.check_invariants()
+                .map_err(|e| format!("connection {id}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// `ACK{connectID, offset}`.
+fn ack_packet(id: i64, offset: u64) -> Packet {
+    Packet::Ack {
+        connect_id: id,
+        offset: i64::try_from(offset).unwrap_or(i64::MAX),
+    }
+}
+
+/// A resume event for a connection the session does not track.
+const UNKNOWN: Error = violation("resume state for an unknown connection");
