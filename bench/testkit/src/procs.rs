@@ -106,6 +106,7 @@ impl Proc {
         if die_with_parent {
             kill_with_parent(&mut cmd);
         }
+        default_sighup(&mut cmd);
         let child = cmd.spawn()?;
         Ok(Self {
             name: program
@@ -239,6 +240,23 @@ fn pin_child(cmd: &mut Command, set: libc::cpu_set_t) {
     unsafe {
         cmd.pre_exec(move || {
             if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// An ignored SIGHUP survives exec (a test run under `nohup`): the
+/// binaries under test start with its default action, as in a pod.
+#[allow(unsafe_code)]
+fn default_sighup(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls signal(2), which is async-signal-safe (no allocation, no lock).
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::signal(libc::SIGHUP, libc::SIG_DFL) == libc::SIG_ERR {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
