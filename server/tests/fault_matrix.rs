@@ -35,6 +35,7 @@ use konn_testkit::wait::wait_until;
 use konn_testkit::{Pattern, Sha256};
 
 mod fault_attacks;
+mod fault_common;
 mod fault_fleet;
 
 /// Bound on start-up and on waits that are not themselves measured.
@@ -1095,13 +1096,7 @@ fn row02_freeze_agent() {
 
 /// `VmHWM` of process `pid`, in bytes.
 fn rss_peak(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
+    fault_common::rss_of(pid).1
 }
 
 #[test]

@@ -147,11 +147,8 @@ struct Rng(u64);
 
 impl Rng {
     fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) as f64 / u64::MAX as f64
+        self.0 = self.0.wrapping_add(1);
+        konn_testkit::relay::splitmix(self.0) as f64 / u64::MAX as f64
     }
 }
 

@@ -134,8 +134,9 @@ impl LoadBalancer {
     }
 }
 
-/// splitmix64's output function: a well-mixed number from `x`.
-fn splitmix(x: u64) -> u64 {
+/// splitmix64's output function: a well-mixed number from `x` (also the
+/// jitter of `konn-bench agents`).
+pub fn splitmix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

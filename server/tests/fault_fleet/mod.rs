@@ -10,6 +10,8 @@ use std::rc::Rc;
 
 use konn_testkit::relay::LoadBalancer;
 
+use crate::fault_common::rss_of;
+
 use super::*;
 
 /// Agents of the reconnect storm: `KONN_STORM_AGENTS` (default 100; the
@@ -398,25 +400,6 @@ struct StreamStatsOut {
     peak_open: usize,
 }
 
-/// Resident memory of `pid`, bytes.
-fn rss(pid: u32) -> u64 {
-    rss_peak_now(pid).0
-}
-
-/// (`VmRSS`, `VmHWM`) of `pid`, bytes.
-fn rss_peak_now(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib = |key: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
-    (kib("VmRSS:"), kib("VmHWM:"))
-}
-
 /// utime + stime of `pid`, seconds.
 fn cpu_s(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -463,14 +446,14 @@ fn row13_concurrent_streams() {
                 ga.proc.pid(),
                 ca.proc.pid(),
             ];
-            let before: Vec<u64> = pids.iter().map(|p| rss(*p)).collect();
+            let before: Vec<u64> = pids.iter().map(|p| rss_of(*p).0).collect();
             let cpu0: Vec<f64> = pids.iter().map(|p| cpu_s(*p)).collect();
             let secs = Duration::from_secs(10);
             let started = Instant::now();
             let out = streams_load(&connect.uds, &grpc.uds, dest, n, secs);
             let took = started.elapsed().as_secs_f64();
             let cpu: Vec<f64> = pids.iter().zip(&cpu0).map(|(p, c)| cpu_s(*p) - c).collect();
-            let peak: Vec<u64> = pids.iter().map(|p| rss_peak_now(*p).1).collect();
+            let peak: Vec<u64> = pids.iter().map(|p| rss_of(*p).1).collect();
             stop.store(true, Ordering::Release);
             let _ = dest_thread.join();
             let per_stream =
