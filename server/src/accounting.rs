@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use konn_core::io::tls::TlsLayer;
 use konn_core::metrics::common::ConnEnd;
-use konn_protocol::server::router::{ConnSummary, ConnView};
+use konn_protocol::server::router::{ConnSummary, ConnView, FrontendId, Router};
 
 use crate::audit::{Record, kind_label};
 use crate::cluster::Cluster;
@@ -86,24 +86,77 @@ pub fn agent_gone(c: &Cluster, agent_id: &str) {
     }
 }
 
-/// A Unix-socket frontend's peer: `uid=… gid=… pid=…` (`SO_PEERCRED`).
-pub fn unix_peer(fd: RawFd) -> Option<Arc<str>> {
-    konn_core::io::sock::peer_credentials(fd)
-        .map(|(uid, gid, pid)| Arc::from(format!("uid={uid} gid={gid} pid={pid}")))
+/// Who a frontend is: its description for the audit log and
+/// `/debug/connections`, and its identity for the per-frontend limits
+/// (`--max-frontend-connections`, `--max-frontend-dial-rate`;
+/// docs/design/limits.md, "Frontend identity").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FrontendPeer {
+    /// `uid=… gid=… pid=…`, or `addr=ip:port` (with ` cn=…`); `None`:
+    /// unknown.
+    pub peer: Option<Arc<str>>,
+    /// `uid=…` of a Unix-socket peer, `cn=…` of a client certificate, else
+    /// `ip=…` of a TCP peer; `None` when not asked for (no per-frontend
+    /// limit) or unknown.
+    pub identity: Option<Arc<str>>,
 }
 
-/// A TCP frontend's peer: `addr=ip:port`, with ` cn=…` (the client
-/// certificate's subject common name) once mTLS established it.
-pub fn tcp_peer(addr: Option<SocketAddr>, tls: Option<&TlsLayer>) -> Option<Arc<str>> {
-    let addr = addr?;
+impl FrontendPeer {
+    /// Tell `router` about frontend `fid`.
+    pub fn describe(&self, router: &mut Router, fid: FrontendId) {
+        if let Some(p) = &self.peer {
+            router.set_frontend_peer(fid, p.clone());
+        }
+        if let Some(i) = &self.identity {
+            router.set_frontend_identity(fid, i.clone());
+        }
+    }
+}
+
+/// Whether `cluster`'s frontends need an identity (its per-frontend limit
+/// is on).
+pub fn wants_identity(cluster: &Cluster) -> bool {
+    cluster
+        .settings
+        .router
+        .limits
+        .as_ref()
+        .is_some_and(|l| l.config().per_frontend())
+}
+
+/// A Unix-socket frontend (`SO_PEERCRED`): described as `uid=… gid=…
+/// pid=…`, identified (with `identity`) by its user id — the processes of
+/// one user are one client.
+pub fn unix_peer(fd: RawFd, identity: bool) -> FrontendPeer {
+    match konn_core::io::sock::peer_credentials(fd) {
+        Some((uid, gid, pid)) => FrontendPeer {
+            peer: Some(Arc::from(format!("uid={uid} gid={gid} pid={pid}"))),
+            identity: identity.then(|| Arc::from(format!("uid={uid}"))),
+        },
+        None => FrontendPeer::default(),
+    }
+}
+
+/// A TCP frontend: described as `addr=ip:port`, with ` cn=…` (the client
+/// certificate's subject common name) once mTLS established it;
+/// identified (with `identity`) by `cn=…`, or by `ip=…` without a
+/// certificate name.
+pub fn tcp_peer(addr: Option<SocketAddr>, tls: Option<&TlsLayer>, identity: bool) -> FrontendPeer {
+    let Some(addr) = addr else {
+        return FrontendPeer::default();
+    };
     let cn = tls
         .and_then(TlsLayer::peer_certificates)
         .and_then(|certs| certs.first())
         .and_then(|der| subject_cn(der));
-    Some(Arc::from(match cn {
-        Some(cn) => format!("addr={addr} cn={cn}"),
-        None => format!("addr={addr}"),
-    }))
+    let (peer, id) = match cn {
+        Some(cn) => (format!("addr={addr} cn={cn}"), format!("cn={cn}")),
+        None => (format!("addr={addr}"), format!("ip={}", addr.ip())),
+    };
+    FrontendPeer {
+        peer: Some(Arc::from(peer)),
+        identity: identity.then(|| Arc::from(id)),
+    }
 }
 
 fn subject_cn(der: &[u8]) -> Option<String> {
@@ -343,4 +396,40 @@ fn render(all: &[ConnInfo], now: Instant) -> Vec<u8> {
     }
     out.push_str("]}\n");
     out.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unix_socket_peer_is_identified_by_its_uid() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&a);
+        // /proc/self belongs to the process's (effective) user.
+        let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+        let p = unix_peer(fd, true);
+        assert_eq!(p.identity.as_deref(), Some(&*format!("uid={uid}")));
+        let peer = p.peer.unwrap();
+        assert!(peer.starts_with(&format!("uid={uid} gid=")), "{peer}");
+        assert!(peer.contains(&format!(" pid={}", std::process::id())));
+        // No limit asks for it: no identity.
+        assert_eq!(unix_peer(fd, false).identity, None);
+    }
+
+    #[test]
+    fn a_tcp_peer_without_a_certificate_is_its_address() {
+        let addr: SocketAddr = "10.1.2.3:40000".parse().unwrap();
+        let p = tcp_peer(Some(addr), None, true);
+        assert_eq!(p.peer.as_deref(), Some("addr=10.1.2.3:40000"));
+        assert_eq!(p.identity.as_deref(), Some("ip=10.1.2.3"));
+        assert_eq!(tcp_peer(None, None, true), FrontendPeer::default());
+    }
+
+    #[test]
+    fn the_subject_cn_is_read_from_a_certificate() {
+        let pem = konn_testkit::pki::generate().unwrap();
+        let (_, der) = x509_parser::pem::parse_x509_pem(pem.frontend_cert.as_bytes()).unwrap();
+        assert_eq!(subject_cn(&der.contents).as_deref(), Some("kube-apiserver"));
+    }
 }

@@ -140,33 +140,80 @@ fn with_limits(
     cfg: LimitsConfig,
     scenario: impl AsyncFnOnce(&FrontendAddr, String, String),
 ) {
-    let what = format!("{mode:?} on {engine}, {cfg:?}");
+    with_limits_on(
+        engine,
+        mode,
+        Transport::Unix,
+        cfg,
+        async |fe: &Frontends, a, b| scenario(&fe.main, a, b).await,
+    );
+}
+
+/// Two ways into the server: `main` (the frontend certificate, CN
+/// `kube-apiserver`, over TCP+mTLS; the test's uid over the Unix socket),
+/// and `other` over TCP+mTLS (the agent's certificate, CN
+/// `konnectivity-agent`: another frontend identity).
+struct Frontends {
+    main: FrontendAddr,
+    other: Option<FrontendAddr>,
+    /// The audit log.
+    audit: std::path::PathBuf,
+}
+
+/// [`with_limits`] over `transport`, the scenario given [`Frontends`].
+fn with_limits_on(
+    engine: Engine,
+    mode: Mode,
+    transport: Transport,
+    cfg: LimitsConfig,
+    scenario: impl AsyncFnOnce(&Frontends, String, String),
+) {
+    let what = format!("{mode:?} over {transport:?} on {engine}, {cfg:?}");
     let before = Baseline::take();
     let dir = TempDir::new("limits");
+    let pki = (transport == Transport::Tls).then(Pki::new);
     let dest_a = Destination::echo_on(A).unwrap();
     let dest_b = Destination::echo_on(B).unwrap();
     let limits = Arc::new(Limits::new(cfg, konn_core::io::clock::now()));
+    let audit = dir.path("audit.log");
+    let log = audit_to(audit.clone());
     let mut server = ServerSpec {
         strategies: vec![Strategy::DestHost],
-        tweak: Some(Box::new(move |s| s.router.limits = Some(limits))),
-        ..ServerSpec::new(engine, mode, Transport::Unix, &dir)
+        pki: pki.as_ref(),
+        tweak: Some(Box::new(move |s| {
+            s.router.limits = Some(limits);
+            log(s);
+        })),
+        ..ServerSpec::new(engine, mode, transport, &dir)
     }
     .start();
     let mut a = server.agent("a", "ipv4=127.0.0.2", None);
     let mut b = server.agent("b", "ipv4=127.0.0.3", None);
     wait_backends(&server, 2);
     let idle = Baseline::take();
-    let frontend = server.frontend();
+    let main = server.frontend();
+    let other = pki.as_ref().map(|pki| {
+        let tls = pki.agent_client();
+        FrontendAddr {
+            tls: Some(match mode {
+                Mode::Grpc => tls,
+                Mode::HttpConnect => konn_testkit::connect::http1_tls(&tls),
+            }),
+            ..main.clone()
+        }
+    });
+    let frontends = Frontends { main, other, audit };
     block_on(
         engine,
         scenario(
-            &frontend,
+            &frontends,
             dest_a.addr().to_string(),
             dest_b.addr().to_string(),
         ),
     )
     .unwrap();
     assert_idle(&server, &[&a, &b], idle, &what);
+    assert_audited(&server, &frontends.audit, &what);
     a.stop();
     b.stop();
     server.stop();
@@ -259,6 +306,126 @@ fn cluster_connection_limit_counts_every_agent() {
                 let three = open_eventually(mode, fe, &b).await;
                 two.close().await;
                 three.close().await;
+            });
+        }
+    }
+}
+
+/// The audit records' `peer` fields, in order.
+fn audited_peers(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            Some(format!("{} {}", v["result"], v["peer"]))
+        })
+        .collect()
+}
+
+/// The per-frontend limits count each client certificate's CN apart: the
+/// second connection of one identity is refused while another identity's
+/// dial goes through; the audit log names both by their CN.
+#[test]
+fn frontend_limits_are_per_client_certificate() {
+    let _serial = serial();
+    for engine in available_engines() {
+        for mode in MODES {
+            let conns = LimitsConfig {
+                frontend: Limit {
+                    max_conns: 1,
+                    ..Limit::default()
+                },
+                ..LimitsConfig::default()
+            };
+            with_limits_on(engine, mode, Transport::Tls, conns, async |fe, a, b| {
+                let other = fe.other.as_ref().unwrap();
+                let held = open_ok(mode, &fe.main, &a).await;
+                for target in [&a, &b] {
+                    assert_eq!(
+                        open(mode, &fe.main, target).await.err(),
+                        Some(refusal(mode, "limit_frontend_conns"))
+                    );
+                }
+                let theirs = open_ok(mode, other, &a).await;
+                assert_eq!(
+                    open(mode, other, &b).await.err(),
+                    Some(refusal(mode, "limit_frontend_conns"))
+                );
+                held.close().await;
+                open_eventually(mode, &fe.main, &b).await.close().await;
+                theirs.close().await;
+                // Both identities by their CN in the audit log (written
+                // off the packet path: wait for the last records).
+                let cn = |result: &str, cn: &str| {
+                    audited_peers(&fe.audit)
+                        .iter()
+                        .filter(|p| p.starts_with(&format!("\"{result}\" \"addr=127.0.0.1:")))
+                        .filter(|p| p.ends_with(&format!(" cn={cn}\"")))
+                        .count()
+                };
+                let complete = || {
+                    // (`open_eventually` may be refused a few times more.)
+                    cn("refused", "kube-apiserver") >= 2
+                        && cn("refused", "konnectivity-agent") == 1
+                        && cn("closed", "kube-apiserver") == 2
+                        && cn("closed", "konnectivity-agent") == 1
+                };
+                assert!(
+                    wait_until_async(complete).await,
+                    "{:?}",
+                    audited_peers(&fe.audit)
+                );
+            });
+            let rate = LimitsConfig {
+                frontend: Limit {
+                    rate: 0.5,
+                    burst: 1,
+                    ..Limit::default()
+                },
+                ..LimitsConfig::default()
+            };
+            with_limits_on(engine, mode, Transport::Tls, rate, async |fe, a, b| {
+                let other = fe.other.as_ref().unwrap();
+                open_ok(mode, &fe.main, &a).await.close().await;
+                assert_eq!(
+                    open(mode, &fe.main, &b).await.err(),
+                    Some(refusal(mode, "limit_frontend_rate"))
+                );
+                open_ok(mode, other, &b).await.close().await;
+                assert_eq!(
+                    open(mode, other, &a).await.err(),
+                    Some(refusal(mode, "limit_frontend_rate"))
+                );
+            });
+        }
+    }
+}
+
+/// Over the Unix socket a frontend is its user: every connection of the
+/// test's uid shares one budget.
+#[test]
+fn frontend_limits_over_the_unix_socket_count_the_uid() {
+    let _serial = serial();
+    for engine in available_engines() {
+        for mode in MODES {
+            let cfg = LimitsConfig {
+                frontend: Limit {
+                    max_conns: 2,
+                    ..Limit::default()
+                },
+                ..LimitsConfig::default()
+            };
+            with_limits(engine, mode, cfg, async |fe, a, b| {
+                let one = open_ok(mode, fe, &a).await;
+                let two = open_ok(mode, fe, &b).await;
+                assert_eq!(
+                    open(mode, fe, &a).await.err(),
+                    Some(refusal(mode, "limit_frontend_conns"))
+                );
+                one.close().await;
+                open_eventually(mode, fe, &a).await.close().await;
+                two.close().await;
             });
         }
     }

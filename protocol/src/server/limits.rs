@@ -155,6 +155,12 @@ impl LimitsConfig {
             || self.cluster.on()
             || self.overload_high > 0
     }
+
+    /// Whether the per-frontend class is on (only then does the IO layer
+    /// need to name each frontend's identity).
+    pub fn per_frontend(&self) -> bool {
+        self.frontend.on()
+    }
 }
 
 /// One key class: counters and GCRA state per slot.

@@ -53,7 +53,7 @@ use crate::cluster::{Cluster, ClusterId};
 pub use crate::clusters::reload::{ClusterListeners, ClusterStart};
 use crate::clusters::reload::{Control, ReloadSummary, WATCH_INTERVAL, Watcher};
 use crate::connect::{Head, Sock, Wire, read_head, serve_connect};
-use crate::frontend::{FrontendConn, Plan};
+use crate::frontend::{FrontendConn, Plan, Who};
 use crate::health::{BackendIdentifiers, BackendInfo, ClusterBackends};
 use crate::metrics::{ServerMetrics, Strategy as MetricStrategy};
 use crate::settings::{Mode, ServerSettings};

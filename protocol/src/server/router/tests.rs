@@ -1572,7 +1572,7 @@ fn frontend_identity_limit_and_overload() {
         (12, "apiserver-b"),
     ] {
         r.frontend_opened(fid, FrontendKind::Grpc);
-        r.set_frontend_identity(fid, who);
+        r.set_frontend_identity(fid, who.into());
     }
     from_frontend(&mut r, t0(), 10, dial_req(1));
     from_frontend(&mut r, t0(), 11, dial_req(2));
