@@ -113,15 +113,11 @@ impl FrontendPeer {
     }
 }
 
-/// Whether `cluster`'s frontends need an identity (its per-frontend limit
-/// is on).
+/// Whether `cluster`'s frontends need an identity: it has admission limits
+/// (with `--clusters-config` every cluster has, possibly all off: a reload
+/// may switch its per-frontend limit on while connections are open).
 pub fn wants_identity(cluster: &Cluster) -> bool {
-    cluster
-        .settings
-        .router
-        .limits
-        .as_ref()
-        .is_some_and(|l| l.config().per_frontend())
+    cluster.settings.router.limits.is_some()
 }
 
 /// A Unix-socket frontend (`SO_PEERCRED`): described as `uid=… gid=…

@@ -667,10 +667,16 @@ fn backend_infos(cluster: &Cluster) -> Vec<BackendInfo> {
                 connections_open: open,
                 connections_pending: pending,
                 worker: e.core,
-                limits: cluster.settings.router.limits.as_ref().map(|l| {
-                    let (counted, refused) = l.agent_load(&e.agent_id);
-                    (u64::from(counted), refused)
-                }),
+                limits: cluster
+                    .settings
+                    .router
+                    .limits
+                    .as_ref()
+                    .filter(|l| l.enabled())
+                    .map(|l| {
+                        let (counted, refused) = l.agent_load(&e.agent_id);
+                        (u64::from(counted), refused)
+                    }),
             }
         })
         .collect()
