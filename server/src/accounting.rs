@@ -11,7 +11,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::ArrayQueue;
+use konn_core::http1::board::Board;
 use konn_core::io::tls::TlsLayer;
 use konn_core::metrics::common::ConnEnd;
 use konn_protocol::server::router::{ConnSummary, ConnView, FrontendId, Router};
@@ -182,88 +182,9 @@ pub struct ConnInfo {
     pub at: Instant,
 }
 
-/// The listings the workers publish, one slot per worker: the admin
-/// endpoint answers from them, so no router is read from another thread.
-/// A worker refreshes its slot on its timer tick while someone looked in
-/// the last [`WATCH`].
-#[derive(Debug)]
-pub struct ConnBoard {
-    slots: Box<[Slot]>,
-    /// When `/debug/connections` was last asked (ms since `epoch`).
-    asked: std::sync::atomic::AtomicU64,
-    epoch: Instant,
-}
-
-#[derive(Debug)]
-struct Slot {
-    latest: ArrayQueue<Arc<Vec<ConnInfo>>>,
-    /// When it was last published (ms since the board's epoch).
-    at: std::sync::atomic::AtomicU64,
-}
-
-/// How often a worker publishes at most while someone looks.
-pub const REFRESH: Duration = Duration::from_millis(500);
-
-/// How long after a request the workers keep publishing.
-pub const WATCH: Duration = Duration::from_secs(60);
-
-impl ConnBoard {
-    /// A board for `workers` workers; `epoch` is any fixed instant.
-    pub fn new(workers: usize, epoch: Instant) -> Self {
-        Self {
-            slots: (0..workers.max(1))
-                .map(|_| Slot {
-                    latest: ArrayQueue::new(1),
-                    at: std::sync::atomic::AtomicU64::new(0),
-                })
-                .collect(),
-            asked: std::sync::atomic::AtomicU64::new(0),
-            epoch,
-        }
-    }
-
-    fn ms(&self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Whether worker `index` should publish at `now`: someone asked in
-    /// the last [`WATCH`] and its listing is older than [`REFRESH`].
-    pub fn wanted(&self, index: usize, now: Instant) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        let (now, asked) = (self.ms(now), self.asked.load(Relaxed));
-        let watched = asked != 0 && now.saturating_sub(asked) < WATCH.as_millis() as u64;
-        watched
-            && self.slots.get(index).is_some_and(|s| {
-                now.saturating_sub(s.at.load(Relaxed)) >= REFRESH.as_millis() as u64
-            })
-    }
-
-    /// Worker `index` publishes its listing at `now`.
-    pub fn publish(&self, index: usize, list: Vec<ConnInfo>, now: Instant) {
-        if let Some(slot) = self.slots.get(index) {
-            slot.latest.force_push(Arc::new(list));
-            slot.at
-                .store(self.ms(now).max(1), std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Every worker's latest listing (and mark that someone asked at
-    /// `now`).
-    pub fn collect(&self, now: Instant) -> Vec<Arc<Vec<ConnInfo>>> {
-        self.asked
-            .store(self.ms(now).max(1), std::sync::atomic::Ordering::Relaxed);
-        self.slots
-            .iter()
-            .filter_map(|s| {
-                let latest = s.latest.pop()?;
-                // Put it back for the next reader unless the worker
-                // published a newer one meanwhile.
-                let _ = s.latest.push(latest.clone());
-                Some(latest)
-            })
-            .collect()
-    }
-}
+/// The listings the workers publish for `/debug/connections`
+/// (`konn_core::http1::board`).
+pub type ConnBoard = Board<ConnInfo>;
 
 /// This worker's open connections, every cluster, at `now`.
 pub fn snapshot(w: &Worker, now: Instant) -> Vec<ConnInfo> {
@@ -308,16 +229,17 @@ pub fn connections_json(w: &Worker, query: Option<&str>) -> Vec<u8> {
             }
         }
     }
-    let mut all: Vec<ConnInfo> = Vec::new();
     // This worker's own connections are read now; the others' from their
-    // latest listing (at most one timer tick old while someone looks).
-    let mine = snapshot(w, now);
+    // latest listing (at most a timer tick old while someone looks).
+    let mut all = snapshot(w, now);
+    let mut missing = 0;
     if let Some(board) = &w.shared.conns {
-        for list in board.collect(now) {
-            all.extend(list.iter().filter(|c| c.worker != w.index).cloned());
+        let others = board.collect(w.index, now);
+        missing = others.missing;
+        for list in others.lists {
+            all.extend(list.iter().cloned());
         }
     }
-    all.extend(mine);
     all.retain(|c| {
         cluster.as_deref().is_none_or(|n| &*c.cluster == n)
             && agent
@@ -325,10 +247,12 @@ pub fn connections_json(w: &Worker, query: Option<&str>) -> Vec<u8> {
                 .is_none_or(|a| c.view.agent_id.as_deref() == Some(a))
     });
     all.sort_by_key(|c| (c.view.started, c.view.frontend));
-    render(&all, now)
+    render(&all, now, missing == 0)
 }
 
-fn render(all: &[ConnInfo], now: Instant) -> Vec<u8> {
+/// The JSON of `all` at `now`; `complete`: every worker's connections are
+/// in it.
+fn render(all: &[ConnInfo], now: Instant, complete: bool) -> Vec<u8> {
     use std::fmt::Write as _;
     let mut out = String::from("{\"connections\":[");
     for (i, c) in all.iter().enumerate() {
@@ -390,7 +314,7 @@ fn render(all: &[ConnInfo], now: Instant) -> Vec<u8> {
         }
         out.push_str("}}");
     }
-    out.push_str("]}\n");
+    let _ = writeln!(out, "],\"complete\":{complete}}}");
     out.into_bytes()
 }
 

@@ -347,22 +347,8 @@ fn agents_json(out: &mut String, mut agents: Vec<BackendInfo>) {
     out.push(']');
 }
 
-/// Appends `s` as a JSON string (RFC 8259 escaping).
-pub(crate) fn json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
+/// Appends a string as JSON (shared with the agent's debug endpoint).
+pub(crate) use konn_core::http1::response::json_string;
 
 #[cfg(test)]
 mod tests {

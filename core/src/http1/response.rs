@@ -129,6 +129,24 @@ pub fn reason_phrase(status: u16) -> &'static str {
     }
 }
 
+/// Appends `s` to `out` as a JSON string (RFC 8259 escaping), for the
+/// admin endpoints' hand-written JSON.
+pub fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
 /// Go's `htmlEscape`: `&`, `<`, `>`, `"` and `'` as entities.
 pub fn html_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
