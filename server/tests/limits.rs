@@ -14,7 +14,9 @@
 //!   DIAL_RSP error shape (CONNECT: 502, as any agent dial error), and
 //!   dials the one inside.
 //!
-//! Each scenario ends with the leak check of `e2e_common::assert_idle`.
+//! Each scenario ends with the leak check of `e2e_common::assert_idle`;
+//! the limit scenarios also with one audit record per dial, admitted or
+//! refused, with the bytes the destination counted.
 
 mod e2e_common;
 
@@ -203,6 +205,7 @@ fn with_limits_on(
         }
     });
     let frontends = Frontends { main, other, audit };
+    konn_testkit::dest::take_transfers();
     block_on(
         engine,
         scenario(
@@ -213,7 +216,7 @@ fn with_limits_on(
     )
     .unwrap();
     assert_idle(&server, &[&a, &b], idle, &what);
-    assert_audited(&server, &frontends.audit, &what);
+    assert_audited_bytes(&server, &frontends.audit, &what);
     a.stop();
     b.stop();
     server.stop();
