@@ -21,7 +21,7 @@ use crate::cluster::Cluster;
 use crate::health::json_string;
 use crate::worker::Worker;
 
-/// A connection (or dial) ended: count it, log it at `-v=4`, audit it.
+/// A connection (or dial) ended: count it, log it at `-v` ≥ 2, audit it.
 pub fn conn_ended(w: &Worker, c: &Cluster, s: Box<ConnSummary>) {
     let duration = konn_core::io::clock::now().saturating_duration_since(s.started);
     let observe = &w.settings.observe;

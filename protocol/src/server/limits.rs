@@ -114,6 +114,12 @@ impl fmt::Display for Refusal {
     }
 }
 
+/// The end of the DIAL_RSP error a konn agent answers a dial outside its
+/// `--allowed-destination-cidrs` with (after upstream's `dial tcp
+/// <address>: `); the server audits such a dial as refused with
+/// [`Refusal::DestinationNotAllowed`].
+pub const NOT_ALLOWED: &str = "konn: destination not allowed by --allowed-destination-cidrs";
+
 /// The start of every refusal's error text.
 pub const REFUSED_PREFIX: &str = "konn: dial refused: ";
 
