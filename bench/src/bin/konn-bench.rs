@@ -13,6 +13,8 @@
 //! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
 //! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
 //! konn-bench soak [--minutes N] [--restart-every SECS] [--konn DIR] [--out DIR]
+//! konn-bench guards [--reps N] [--konn DIR] [--engine E] [--only S1,S4]
+//!                   [--tolerance PCT] [--out FILE] [--no-pin]
 //! ```
 //!
 //! - `compare`: the side-by-side run of docs/BENCHMARKS.md: S1–S8 for the
@@ -69,6 +71,16 @@
 //!   and `soak.md` to `--out` when given, and exits with 1 when a workload
 //!   run failed or memory or descriptors grew over the run.
 
+//! - `guards` (issue 17): S1 and S4 with the audit log, every admission
+//!   limit (never reached), the overload manager, per-destination metrics
+//!   and the agent's allow-list all on (`konn-guarded`) against all off
+//!   (`konn-off`): the same binaries in one run, interleaved by repetition
+//!   (`--reps`, default 5; one engine, `--engine`, default epoll). Prints
+//!   the load average and a markdown table of medians and paired ratios
+//!   ([`konn_bench::harness::guards`]), writes it to `--out` when given,
+//!   and exits with 1 when a throughput's median ratio is below
+//!   1 − `--tolerance` (percent, default 5).
+
 // A measuring tool: it reads the clock.
 #![allow(clippy::disallowed_methods)]
 
@@ -97,9 +109,10 @@ fn main() -> Result<()> {
         Some("multi") => multi_main(it),
         Some("agents") => agents_main(it),
         Some("soak") => soak_main(it),
+        Some("guards") => guards_main(it),
         Some(other) => {
             bail!(
-                "unknown subcommand {other:?} (agents, compare, icount, idle, multi, reverse, soak)"
+                "unknown subcommand {other:?} (agents, compare, guards, icount, idle, multi, reverse, soak)"
             )
         }
     }
@@ -138,6 +151,70 @@ fn konn_bins(name: &str, dir: &Path, engine: Option<&str>) -> Binaries {
     b.server_flags = flags.clone();
     b.agent_flags = flags;
     b
+}
+
+fn guards_main(mut it: impl Iterator<Item = String>) -> Result<()> {
+    use konn_bench::harness::guards;
+    let (mut reps, mut konn, mut engine, mut no_pin) = (5, None, "epoll".to_owned(), false);
+    let mut only = vec!["S1".to_owned(), "S4".to_owned()];
+    let (mut tolerance, mut out) = (5.0, None);
+    while let Some(a) = it.next() {
+        let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "--reps" => reps = val("a number")?.parse()?,
+            "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            "--engine" => engine = val("an engine")?,
+            "--only" => only = val("a list")?.split(',').map(str::to_owned).collect(),
+            "--tolerance" => tolerance = val("a percentage")?.parse()?,
+            "--out" => out = Some(PathBuf::from(val("a file")?)),
+            "--no-pin" => no_pin = true,
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    let konn_dir = match konn {
+        Some(d) => d,
+        None => procs::bin_dir().context("konn's binaries not found; pass --konn DIR")?,
+    };
+    let work = WorkDir::new("guards")?;
+    let plain = konn_bins(guards::PLAIN, &konn_dir, Some(&engine));
+    let guarded = guards::guarded(&plain, &work.0);
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let pin = (cpus >= 2 && !no_pin).then(|| (0, vec![1]));
+    let cfg = Config {
+        quick: false,
+        reps,
+        impls: vec![plain, guarded],
+        idle_conns: 0,
+        only,
+        pin: pin.clone(),
+    };
+    procs::raise_nofile(65_536);
+    if let Some((lg, _)) = &pin {
+        procs::pin_current_thread(&[*lg]).context("pinning the load generator")?;
+    }
+    let certs = pki::write(&work.0)?;
+    let load_before = guards::load_average();
+    let started = Instant::now();
+    eprintln!(
+        "konn-bench guards: {} with every guard on vs off, {reps} repetitions, {engine}, load average {load_before}",
+        cfg.only.join(",")
+    );
+    let cells = block_on(Engine::Epoll, compare::run(&cfg, &work.0, &certs))??;
+    let (table, ok) = guards::report(&cells, tolerance / 100.0);
+    let doc = format!(
+        "konn-bench guards at {} ({}), {reps} repetitions, {engine}, {:.0?}; load average {load_before} before, {} after;          throughput criterion: guarded/off ≥ {:.2}\n\n{table}",
+        git_head(),
+        cpu_model(),
+        started.elapsed(),
+        guards::load_average(),
+        1.0 - tolerance / 100.0,
+    );
+    println!("{doc}");
+    if let Some(path) = out {
+        std::fs::write(&path, &doc).with_context(|| format!("writing {}", path.display()))?;
+    }
+    ensure!(ok, "a throughput of the guarded run is below the criterion");
+    Ok(())
 }
 
 fn reverse_main(mut it: impl Iterator<Item = String>) -> Result<()> {
