@@ -9,7 +9,7 @@
 //! konn-bench idle [--connections N] [--impl NAME=DIR]...
 //! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 //! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
-//!                   [--kernel io-uring,epoll]
+//!                   [--kernel io-uring,epoll] [--guarded]
 //! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
 //! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
 //! konn-bench soak [--minutes N] [--restart-every SECS] [--konn DIR] [--out DIR]
@@ -38,7 +38,8 @@
 //!   tolerance; `--write FILE` records a new baseline (`--tolerance`, in
 //!   percent, default 4). `--kernel ENGINES` instead counts system calls,
 //!   context switches and io_uring completions per MB and per dial of
-//!   each engine, natively (`perf stat` software events).
+//!   each engine, natively (`perf stat` software events). `--guarded`
+//!   counts with every issue-17 guard on (as `guards`).
 //! - `idle` (S5 of the benchmark plan): opens N tunnelled connections the
 //!   way kube-apiserver does (one gRPC frontend connection per dial over the
 //!   Unix socket), sends one message on each, keeps them open and reports the
@@ -118,7 +119,7 @@ fn main() -> Result<()> {
     }
 }
 
-/// A scratch directory, removed when dropped.
+/// A scratch directory, removed when dropped (see the `Drop`).
 struct WorkDir(PathBuf);
 
 impl WorkDir {
@@ -130,7 +131,13 @@ impl WorkDir {
 }
 
 impl Drop for WorkDir {
+    /// Removed, unless `KONN_BENCH_KEEP` is set (to read what a run left:
+    /// icount's callgrind files, the guarded run's audit log, logs).
     fn drop(&mut self) {
+        if std::env::var_os("KONN_BENCH_KEEP").is_some() {
+            eprintln!("kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -427,10 +434,12 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut write = None;
     let mut tolerance = 4.0;
     let mut kernel = Vec::new();
+    let mut guarded = false;
     while let Some(a) = it.next() {
         let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
         match a.as_str() {
             "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            "--guarded" => guarded = true,
             "--kernel" => {
                 kernel = val("a list of engines")?
                     .split(',')
@@ -471,7 +480,11 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             .is_ok_and(|o| o.status.success()),
         "valgrind is not installed (apt-get install valgrind)"
     );
-    let bins = konn_bins("konn", &konn_dir, Some("epoll"));
+    let mut bins = konn_bins("konn", &konn_dir, Some("epoll"));
+    if guarded {
+        // Issue 17's audit log, limits and allow-list all on.
+        bins = konn_bench::harness::guards::guarded(&bins, &work.0);
+    }
     let started = Instant::now();
     eprintln!("konn-bench icount: {} under callgrind", konn_dir.display());
     let figures = block_on(Engine::Epoll, icount::measure(&bins, &work.0, &certs))??;
