@@ -199,7 +199,8 @@ impl DialOutcome {
     pub fn error_text(&self, address: &str) -> String {
         match self {
             Self::NotAllowed => format!(
-                "dial tcp {address}: konn: destination not allowed by --allowed-destination-cidrs"
+                "dial tcp {address}: {}",
+                konn_protocol::server::limits::NOT_ALLOWED
             ),
             Self::Failed(e) => go_dial_error(address, e),
         }

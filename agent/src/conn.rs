@@ -38,6 +38,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -48,6 +49,7 @@ use konn_core::io::resolve::{DialError, dial_tcp};
 use konn_protocol::server::limits::Refusal;
 
 use crate::allow::DialOutcome;
+use crate::debug::EndpointInfo;
 use konn_core::io::runtime::{Either, race};
 use konn_core::io::sock;
 use konn_frames::GrpcStatus;
@@ -105,7 +107,7 @@ pub struct TunnelSettings {
     /// has `--target`s.
     pub reverse: bool,
     /// `--allowed-destination-cidrs` (empty: every destination).
-    pub allowed: std::sync::Arc<crate::allow::AllowList>,
+    pub allowed: Arc<crate::allow::AllowList>,
 }
 
 impl TunnelSettings {
@@ -127,7 +129,7 @@ impl Default for TunnelSettings {
             warn_on_queue_limit: false,
             flow_control: true,
             reverse: false,
-            allowed: std::sync::Arc::default(),
+            allowed: Arc::default(),
         }
     }
 }
@@ -243,6 +245,8 @@ struct Ctx {
     /// The tunnel ended: the stuck watch stops.
     closed: Cell<bool>,
     wake_watch: Notify,
+    /// The server's `serverid`, once it answered (`/debug/connections`).
+    server_id: RefCell<Option<Arc<str>>>,
 }
 
 /// One endpoint (dialled destination connection).
@@ -271,6 +275,8 @@ struct Endpoint {
     to_destination: Cell<u64>,
     from_destination: Cell<u64>,
     opened: Instant,
+    /// The dial's address (`None`: a reverse connection).
+    destination: Option<Arc<str>>,
     /// Reports the endpoint closed when the last task drops it.
     _open: EndpointGuard,
 }
@@ -302,7 +308,11 @@ impl Endpoint {
         self.abort.notify();
     }
 
-    fn new(connect_id: i64, observer: Rc<dyn TunnelObserver>) -> Self {
+    fn new(
+        connect_id: i64,
+        destination: Option<Arc<str>>,
+        observer: Rc<dyn TunnelObserver>,
+    ) -> Self {
         Self {
             connect_id,
             queue: RefCell::new(VecDeque::new()),
@@ -319,6 +329,7 @@ impl Endpoint {
             to_destination: Cell::new(0),
             from_destination: Cell::new(0),
             opened: konn_core::io::clock::now(),
+            destination,
             _open: EndpointGuard::new(observer, connect_id < 0),
         }
     }
@@ -329,7 +340,7 @@ pub struct TunnelHandler {
     tunnel: Tunnel,
     ctx: Rc<Ctx>,
     endpoints: HashMap<i64, Rc<Endpoint>>,
-    dials: HashMap<i64, Rc<Notify>>,
+    dials: HashMap<i64, Dialing>,
     /// Accepted connections waiting for their reverse dial's answer.
     reverse_waiting: HashMap<i64, monoio::net::TcpStream>,
     me: WeakConnHandle<Grpc, Self>,
@@ -341,6 +352,14 @@ pub struct TunnelHandler {
 }
 
 type Handle = ConnHandle<Grpc, TunnelHandler>;
+
+/// A destination dial in flight.
+struct Dialing {
+    /// Notified by DIAL_CLS.
+    cancel: Rc<Notify>,
+    address: Arc<str>,
+    started: Instant,
+}
 
 impl TunnelHandler {
     /// A handler reporting lifecycle events to `report`.
@@ -370,6 +389,7 @@ impl TunnelHandler {
                 observer,
                 closed: Cell::new(false),
                 wake_watch: Notify::new(),
+                server_id: RefCell::new(None),
             }),
             endpoints: HashMap::new(),
             dials: HashMap::new(),
@@ -410,6 +430,37 @@ impl TunnelHandler {
             open_endpoints: self.endpoints.len(),
             ..self.counters
         }
+    }
+
+    /// This tunnel's open endpoints and dials in flight at `now`, for
+    /// `/debug/connections` (worker `worker`). Not for the packet path.
+    pub fn connections(&self, worker: usize, now: Instant, out: &mut Vec<EndpointInfo>) {
+        let server = self.ctx.server_id.borrow().clone();
+        let open = self.endpoints.values().filter_map(|ep| {
+            Some(EndpointInfo {
+                worker,
+                server: server.clone(),
+                connection_id: ep.connect_id,
+                destination: ep.destination.clone()?,
+                started: ep.opened,
+                bytes_to_destination: ep.to_destination.get(),
+                bytes_from_destination: ep.from_destination.get(),
+                flow: self.tunnel.endpoint_flow(ep.connect_id, now),
+                at: now,
+            })
+        });
+        let dialing = self.dials.iter().map(|(&id, d)| EndpointInfo {
+            worker,
+            server: server.clone(),
+            connection_id: id,
+            destination: d.address.clone(),
+            started: d.started,
+            bytes_to_destination: 0,
+            bytes_from_destination: 0,
+            flow: None,
+            at: now,
+        });
+        out.extend(open.chain(dialing));
     }
 
     /// Whether this tunnel carries reverse dials (the server agreed).
@@ -523,19 +574,25 @@ impl TunnelHandler {
                 } => {
                     tracing::debug!(connection_id = connect_id, %address, "dialing");
                     let cancel = Rc::new(Notify::new());
-                    self.dials.insert(connect_id, cancel.clone());
+                    let address: Arc<str> = Arc::from(&*address);
+                    let dialing = Dialing {
+                        cancel: cancel.clone(),
+                        address: address.clone(),
+                        started: konn_core::io::clock::now(),
+                    };
+                    self.dials.insert(connect_id, dialing);
                     monoio::spawn(dial(
                         self.me.clone(),
                         self.ctx.clone(),
                         connect_id,
-                        address.to_string(),
+                        address,
                         cancel,
                     ));
                 }
                 Action::CancelDial { connect_id } => {
-                    if let Some(c) = self.dials.remove(&connect_id) {
+                    if let Some(d) = self.dials.remove(&connect_id) {
                         tracing::debug!(connection_id = connect_id, "dial cancelled (DIAL_CLS)");
-                        c.notify();
+                        d.cancel.notify();
                     }
                 }
                 Action::DialFailed(why) => {
@@ -549,7 +606,7 @@ impl TunnelHandler {
                     };
                     tracing::debug!(connection_id = connect_id, "reverse connection established");
                     self.ctx.observer.reverse_dialed(true);
-                    self.start_endpoint(connect_id, stream);
+                    self.start_endpoint(connect_id, stream, None);
                 }
                 Action::ReverseFailed { random } => {
                     if self.reverse_waiting.remove(&random).is_some() {
@@ -562,9 +619,18 @@ impl TunnelHandler {
     }
 
     /// Relay `stream` as endpoint `connect_id` (a dialled destination, or
-    /// an accepted reverse connection).
-    fn start_endpoint(&mut self, connect_id: i64, stream: monoio::net::TcpStream) {
-        let ep = Rc::new(Endpoint::new(connect_id, self.ctx.observer.clone()));
+    /// an accepted reverse connection: no `destination`).
+    fn start_endpoint(
+        &mut self,
+        connect_id: i64,
+        stream: monoio::net::TcpStream,
+        destination: Option<Arc<str>>,
+    ) {
+        let ep = Rc::new(Endpoint::new(
+            connect_id,
+            destination,
+            self.ctx.observer.clone(),
+        ));
         self.endpoints.insert(connect_id, ep.clone());
         let (rd, wr) = stream.into_split();
         monoio::spawn(read_endpoint(
@@ -613,8 +679,8 @@ impl TunnelHandler {
                     }
                 }
                 Action::CancelDial { connect_id } => {
-                    if let Some(c) = self.dials.remove(&connect_id) {
-                        c.notify();
+                    if let Some(d) = self.dials.remove(&connect_id) {
+                        d.cancel.notify();
                     }
                 }
                 Action::Release(n) => grpc.release(self.ctx.stream.get(), n),
@@ -651,6 +717,7 @@ impl Handler<Grpc> for TunnelHandler {
                 match parsed {
                     Some((server_id, server_count)) => {
                         self.connected = true;
+                        *self.ctx.server_id.borrow_mut() = Some(Arc::from(server_id.as_str()));
                         let agreed = self.ctx.settings.flow_control
                             && metadata
                                 .get(FLOW_CONTROL_KEY.as_bytes())
@@ -760,7 +827,7 @@ async fn dial(
     me: WeakConnHandle<Grpc, TunnelHandler>,
     ctx: Rc<Ctx>,
     connect_id: i64,
-    address: String,
+    address: Arc<str>,
     cancel: Rc<Notify>,
 ) {
     let started = konn_core::io::clock::now();
@@ -792,7 +859,7 @@ async fn dial(
                 ctx.observer.dial_succeeded(elapsed);
                 // DIAL_RSP is queued before any DATA the reader produces.
                 h.apply(g);
-                h.start_endpoint(connect_id, stream);
+                h.start_endpoint(connect_id, stream, Some(address));
             }
             Err(e) => {
                 let error = e.error_text(&address);

@@ -6,6 +6,7 @@
 //! | health | `/readyz`, `/ready` | the checks `ping` and `server-connected` (below) |
 //! | health | `/metrics` | the scrape |
 //! | admin (`--admin-server-port` 8094) | `/metrics` | 301 to the health port's `/metrics` (below) |
+//! | admin | `/debug/connections` | konn only: the open tunnelled connections as JSON (`crate::debug`; added by `run::worker`) |
 //! | admin, `--enable-profiling` | `/debug/pprof`, `/debug/pprof/…` | 301 to `/debug/pprof/`, then 501 (see `konn_core::http1::profiling_routes`) |
 //!
 //! **Readiness** runs upstream's two checks in order: `ping` (always

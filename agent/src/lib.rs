@@ -13,7 +13,8 @@
 //!   dial into the node network.
 //! - [`conn`]: one tunnel on a socket, with the endpoints it relays.
 //! - [`client`]: opening a tunnel (dial, TLS, HTTP/2, the Connect call).
-//! - [`metrics`], [`health`]: upstream's metrics and endpoints.
+//! - [`metrics`], [`health`]: upstream's metrics and endpoints;
+//!   [`debug`]: konn's `/debug/connections`.
 //! - [`leases`]: `--count-server-leases` (a watch on the server Leases).
 //! - [`run`]: the running agent: workers, tunnels, sync loop, DRAIN, the
 //!   health and admin ports.
@@ -21,6 +22,7 @@
 pub mod allow;
 pub mod client;
 pub mod conn;
+pub mod debug;
 pub mod error;
 pub mod health;
 pub mod leases;

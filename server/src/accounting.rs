@@ -11,17 +11,17 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::ArrayQueue;
+use konn_core::http1::board::Board;
 use konn_core::io::tls::TlsLayer;
 use konn_core::metrics::common::ConnEnd;
-use konn_protocol::server::router::{ConnSummary, ConnView};
+use konn_protocol::server::router::{ConnSummary, ConnView, FrontendId, Router};
 
 use crate::audit::{Record, kind_label};
 use crate::cluster::Cluster;
 use crate::health::json_string;
 use crate::worker::Worker;
 
-/// A connection (or dial) ended: count it, log it at `-v=4`, audit it.
+/// A connection (or dial) ended: count it, log it at `-v` ≥ 2, audit it.
 pub fn conn_ended(w: &Worker, c: &Cluster, s: Box<ConnSummary>) {
     let duration = konn_core::io::clock::now().saturating_duration_since(s.started);
     let observe = &w.settings.observe;
@@ -86,24 +86,73 @@ pub fn agent_gone(c: &Cluster, agent_id: &str) {
     }
 }
 
-/// A Unix-socket frontend's peer: `uid=… gid=… pid=…` (`SO_PEERCRED`).
-pub fn unix_peer(fd: RawFd) -> Option<Arc<str>> {
-    konn_core::io::sock::peer_credentials(fd)
-        .map(|(uid, gid, pid)| Arc::from(format!("uid={uid} gid={gid} pid={pid}")))
+/// Who a frontend is: its description for the audit log and
+/// `/debug/connections`, and its identity for the per-frontend limits
+/// (`--max-frontend-connections`, `--max-frontend-dial-rate`;
+/// docs/design/limits.md, "Frontend identity").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FrontendPeer {
+    /// `uid=… gid=… pid=…`, or `addr=ip:port` (with ` cn=…`); `None`:
+    /// unknown.
+    pub peer: Option<Arc<str>>,
+    /// `uid=…` of a Unix-socket peer, `cn=…` of a client certificate, else
+    /// `ip=…` of a TCP peer; `None` when not asked for (no per-frontend
+    /// limit) or unknown.
+    pub identity: Option<Arc<str>>,
 }
 
-/// A TCP frontend's peer: `addr=ip:port`, with ` cn=…` (the client
-/// certificate's subject common name) once mTLS established it.
-pub fn tcp_peer(addr: Option<SocketAddr>, tls: Option<&TlsLayer>) -> Option<Arc<str>> {
-    let addr = addr?;
+impl FrontendPeer {
+    /// Tell `router` about frontend `fid`.
+    pub fn describe(&self, router: &mut Router, fid: FrontendId) {
+        if let Some(p) = &self.peer {
+            router.set_frontend_peer(fid, p.clone());
+        }
+        if let Some(i) = &self.identity {
+            router.set_frontend_identity(fid, i.clone());
+        }
+    }
+}
+
+/// Whether `cluster`'s frontends need an identity: it has admission limits
+/// (with `--clusters-config` every cluster has, possibly all off: a reload
+/// may switch its per-frontend limit on while connections are open).
+pub fn wants_identity(cluster: &Cluster) -> bool {
+    cluster.settings.router.limits.is_some()
+}
+
+/// A Unix-socket frontend (`SO_PEERCRED`): described as `uid=… gid=…
+/// pid=…`, identified (with `identity`) by its user id — the processes of
+/// one user are one client.
+pub fn unix_peer(fd: RawFd, identity: bool) -> FrontendPeer {
+    match konn_core::io::sock::peer_credentials(fd) {
+        Some((uid, gid, pid)) => FrontendPeer {
+            peer: Some(Arc::from(format!("uid={uid} gid={gid} pid={pid}"))),
+            identity: identity.then(|| Arc::from(format!("uid={uid}"))),
+        },
+        None => FrontendPeer::default(),
+    }
+}
+
+/// A TCP frontend: described as `addr=ip:port`, with ` cn=…` (the client
+/// certificate's subject common name) once mTLS established it;
+/// identified (with `identity`) by `cn=…`, or by `ip=…` without a
+/// certificate name.
+pub fn tcp_peer(addr: Option<SocketAddr>, tls: Option<&TlsLayer>, identity: bool) -> FrontendPeer {
+    let Some(addr) = addr else {
+        return FrontendPeer::default();
+    };
     let cn = tls
         .and_then(TlsLayer::peer_certificates)
         .and_then(|certs| certs.first())
         .and_then(|der| subject_cn(der));
-    Some(Arc::from(match cn {
-        Some(cn) => format!("addr={addr} cn={cn}"),
-        None => format!("addr={addr}"),
-    }))
+    let (peer, id) = match cn {
+        Some(cn) => (format!("addr={addr} cn={cn}"), format!("cn={cn}")),
+        None => (format!("addr={addr}"), format!("ip={}", addr.ip())),
+    };
+    FrontendPeer {
+        peer: Some(Arc::from(peer)),
+        identity: identity.then(|| Arc::from(id)),
+    }
 }
 
 fn subject_cn(der: &[u8]) -> Option<String> {
@@ -133,88 +182,9 @@ pub struct ConnInfo {
     pub at: Instant,
 }
 
-/// The listings the workers publish, one slot per worker: the admin
-/// endpoint answers from them, so no router is read from another thread.
-/// A worker refreshes its slot on its timer tick while someone looked in
-/// the last [`WATCH`].
-#[derive(Debug)]
-pub struct ConnBoard {
-    slots: Box<[Slot]>,
-    /// When `/debug/connections` was last asked (ms since `epoch`).
-    asked: std::sync::atomic::AtomicU64,
-    epoch: Instant,
-}
-
-#[derive(Debug)]
-struct Slot {
-    latest: ArrayQueue<Arc<Vec<ConnInfo>>>,
-    /// When it was last published (ms since the board's epoch).
-    at: std::sync::atomic::AtomicU64,
-}
-
-/// How often a worker publishes at most while someone looks.
-pub const REFRESH: Duration = Duration::from_millis(500);
-
-/// How long after a request the workers keep publishing.
-pub const WATCH: Duration = Duration::from_secs(60);
-
-impl ConnBoard {
-    /// A board for `workers` workers; `epoch` is any fixed instant.
-    pub fn new(workers: usize, epoch: Instant) -> Self {
-        Self {
-            slots: (0..workers.max(1))
-                .map(|_| Slot {
-                    latest: ArrayQueue::new(1),
-                    at: std::sync::atomic::AtomicU64::new(0),
-                })
-                .collect(),
-            asked: std::sync::atomic::AtomicU64::new(0),
-            epoch,
-        }
-    }
-
-    fn ms(&self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Whether worker `index` should publish at `now`: someone asked in
-    /// the last [`WATCH`] and its listing is older than [`REFRESH`].
-    pub fn wanted(&self, index: usize, now: Instant) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        let (now, asked) = (self.ms(now), self.asked.load(Relaxed));
-        let watched = asked != 0 && now.saturating_sub(asked) < WATCH.as_millis() as u64;
-        watched
-            && self.slots.get(index).is_some_and(|s| {
-                now.saturating_sub(s.at.load(Relaxed)) >= REFRESH.as_millis() as u64
-            })
-    }
-
-    /// Worker `index` publishes its listing at `now`.
-    pub fn publish(&self, index: usize, list: Vec<ConnInfo>, now: Instant) {
-        if let Some(slot) = self.slots.get(index) {
-            slot.latest.force_push(Arc::new(list));
-            slot.at
-                .store(self.ms(now).max(1), std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Every worker's latest listing (and mark that someone asked at
-    /// `now`).
-    pub fn collect(&self, now: Instant) -> Vec<Arc<Vec<ConnInfo>>> {
-        self.asked
-            .store(self.ms(now).max(1), std::sync::atomic::Ordering::Relaxed);
-        self.slots
-            .iter()
-            .filter_map(|s| {
-                let latest = s.latest.pop()?;
-                // Put it back for the next reader unless the worker
-                // published a newer one meanwhile.
-                let _ = s.latest.push(latest.clone());
-                Some(latest)
-            })
-            .collect()
-    }
-}
+/// The listings the workers publish for `/debug/connections`
+/// (`konn_core::http1::board`).
+pub type ConnBoard = Board<ConnInfo>;
 
 /// This worker's open connections, every cluster, at `now`.
 pub fn snapshot(w: &Worker, now: Instant) -> Vec<ConnInfo> {
@@ -259,16 +229,17 @@ pub fn connections_json(w: &Worker, query: Option<&str>) -> Vec<u8> {
             }
         }
     }
-    let mut all: Vec<ConnInfo> = Vec::new();
     // This worker's own connections are read now; the others' from their
-    // latest listing (at most one timer tick old while someone looks).
-    let mine = snapshot(w, now);
+    // latest listing (at most a timer tick old while someone looks).
+    let mut all = snapshot(w, now);
+    let mut missing = 0;
     if let Some(board) = &w.shared.conns {
-        for list in board.collect(now) {
-            all.extend(list.iter().filter(|c| c.worker != w.index).cloned());
+        let others = board.collect(w.index, now);
+        missing = others.missing;
+        for list in others.lists {
+            all.extend(list.iter().cloned());
         }
     }
-    all.extend(mine);
     all.retain(|c| {
         cluster.as_deref().is_none_or(|n| &*c.cluster == n)
             && agent
@@ -276,10 +247,12 @@ pub fn connections_json(w: &Worker, query: Option<&str>) -> Vec<u8> {
                 .is_none_or(|a| c.view.agent_id.as_deref() == Some(a))
     });
     all.sort_by_key(|c| (c.view.started, c.view.frontend));
-    render(&all, now)
+    render(&all, now, missing == 0)
 }
 
-fn render(all: &[ConnInfo], now: Instant) -> Vec<u8> {
+/// The JSON of `all` at `now`; `complete`: every worker's connections are
+/// in it.
+fn render(all: &[ConnInfo], now: Instant, complete: bool) -> Vec<u8> {
     use std::fmt::Write as _;
     let mut out = String::from("{\"connections\":[");
     for (i, c) in all.iter().enumerate() {
@@ -341,6 +314,42 @@ fn render(all: &[ConnInfo], now: Instant) -> Vec<u8> {
         }
         out.push_str("}}");
     }
-    out.push_str("]}\n");
+    let _ = writeln!(out, "],\"complete\":{complete}}}");
     out.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unix_socket_peer_is_identified_by_its_uid() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&a);
+        // /proc/self belongs to the process's (effective) user.
+        let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+        let p = unix_peer(fd, true);
+        assert_eq!(p.identity.as_deref(), Some(&*format!("uid={uid}")));
+        let peer = p.peer.unwrap();
+        assert!(peer.starts_with(&format!("uid={uid} gid=")), "{peer}");
+        assert!(peer.contains(&format!(" pid={}", std::process::id())));
+        // No limit asks for it: no identity.
+        assert_eq!(unix_peer(fd, false).identity, None);
+    }
+
+    #[test]
+    fn a_tcp_peer_without_a_certificate_is_its_address() {
+        let addr: SocketAddr = "10.1.2.3:40000".parse().unwrap();
+        let p = tcp_peer(Some(addr), None, true);
+        assert_eq!(p.peer.as_deref(), Some("addr=10.1.2.3:40000"));
+        assert_eq!(p.identity.as_deref(), Some("ip=10.1.2.3"));
+        assert_eq!(tcp_peer(None, None, true), FrontendPeer::default());
+    }
+
+    #[test]
+    fn the_subject_cn_is_read_from_a_certificate() {
+        let pem = konn_testkit::pki::generate().unwrap();
+        let (_, der) = x509_parser::pem::parse_x509_pem(pem.frontend_cert.as_bytes()).unwrap();
+        assert_eq!(subject_cn(&der.contents).as_deref(), Some("kube-apiserver"));
+    }
 }

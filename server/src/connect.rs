@@ -263,12 +263,18 @@ impl Wire {
         }
     }
 
-    /// Who is at the other end, for the audit log
-    /// (`crate::accounting::{unix_peer, tcp_peer}`).
-    pub fn peer(&self) -> Option<std::sync::Arc<str>> {
+    /// Who is at the other end, for the audit log and (with `identity`)
+    /// the per-frontend limits (`crate::accounting::{unix_peer,
+    /// tcp_peer}`). Once the request head is read, mTLS has named the
+    /// client.
+    pub fn peer(&self, identity: bool) -> crate::accounting::FrontendPeer {
         match &self.sock {
-            Sock::Tcp(t) => crate::accounting::tcp_peer(t.peer_addr().ok(), self.tls.as_ref()),
-            Sock::Unix(u) => crate::accounting::unix_peer(std::os::fd::AsRawFd::as_raw_fd(u)),
+            Sock::Tcp(t) => {
+                crate::accounting::tcp_peer(t.peer_addr().ok(), self.tls.as_ref(), identity)
+            }
+            Sock::Unix(u) => {
+                crate::accounting::unix_peer(std::os::fd::AsRawFd::as_raw_fd(u), identity)
+            }
         }
     }
 
@@ -479,9 +485,8 @@ pub async fn serve_connect(
         .router
         .borrow_mut()
         .frontend_opened(fid, FrontendKind::HttpConnect);
-    if let Some(peer) = wire.peer() {
-        cluster.router.borrow_mut().set_frontend_peer(fid, peer);
-    }
+    wire.peer(crate::accounting::wants_identity(&cluster))
+        .describe(&mut cluster.router.borrow_mut(), fid);
     cluster
         .frontends
         .borrow_mut()

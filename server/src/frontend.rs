@@ -20,12 +20,15 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Instant;
 
-use konn_core::io::driver::Handler;
+use std::net::SocketAddr;
+
+use konn_core::io::driver::{Handler, WeakConnHandle};
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{Packet, PacketType};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
 
+use crate::accounting::FrontendPeer;
 use crate::agents::{reframe, unknown_method};
 use crate::cluster::Cluster;
 use crate::metrics::{Segment, ServiceMethod};
@@ -61,8 +64,22 @@ pub struct FrontendConn {
     /// last drained (shrank or was empty). The budget resets the streams
     /// that have not drained for the longest first.
     levels: HashMap<u32, (usize, Instant)>,
-    /// Who the peer is, for the audit log (`crate::accounting`).
-    peer: Option<std::sync::Arc<str>>,
+    /// Who the peer is, for the audit log and the per-frontend limits
+    /// (`crate::accounting`).
+    who: Who,
+    /// The connection itself (its TLS state names an mTLS client).
+    handle: WeakConnHandle<Grpc, Self>,
+}
+
+/// Who a frontend connection's peer is.
+#[derive(Debug)]
+pub enum Who {
+    /// Known since the accept (a Unix socket's credentials), or resolved.
+    Known(FrontendPeer),
+    /// A TCP peer at this address, with `identity` wanted: its client
+    /// certificate is read from the connection's TLS state when its first
+    /// stream opens (the handshake is over by then).
+    Tcp(Option<SocketAddr>, bool),
 }
 
 impl FrontendConn {
@@ -84,18 +101,35 @@ impl FrontendConn {
             may_move: true,
             queued: 0,
             levels: HashMap::new(),
-            peer: None,
+            who: Who::Known(FrontendPeer::default()),
+            handle: WeakConnHandle::default(),
         }
     }
 
-    /// The peer's description for the audit log (see `crate::accounting`).
-    pub fn set_peer(&mut self, peer: Option<std::sync::Arc<str>>) {
-        self.peer = peer;
+    /// Who the peer is (see `crate::accounting`).
+    pub fn set_peer(&mut self, who: Who) {
+        self.who = who;
     }
 
-    /// The driver's detach flag (`ConnHandle::detach_flag`).
-    pub fn set_detach_flag(&mut self, flag: Rc<Cell<bool>>) {
+    /// The driver's detach flag (`ConnHandle::detach_flag`) and the
+    /// connection's handle.
+    pub fn set_driver(&mut self, flag: Rc<Cell<bool>>, handle: WeakConnHandle<Grpc, Self>) {
         self.detach = flag;
+        self.handle = handle;
+    }
+
+    /// The peer, resolved once (a TCP peer's certificate, see [`Who`]).
+    fn peer(&mut self) -> FrontendPeer {
+        let (addr, identity) = match &self.who {
+            Who::Known(p) => return p.clone(),
+            Who::Tcp(addr, identity) => (*addr, *identity),
+        };
+        let peer = match self.handle.upgrade() {
+            Some(h) => h.with_tls(|tls| crate::accounting::tcp_peer(addr, tls, identity)),
+            None => crate::accounting::tcp_peer(addr, None, identity),
+        };
+        self.who = Who::Known(peer.clone());
+        peer
     }
 
     /// Never move this connection (it already moved once).
@@ -112,16 +146,11 @@ impl FrontendConn {
 
     fn open(&mut self, id: u32) {
         let fid = self.worker.next_id();
-        self.cluster
-            .router
-            .borrow_mut()
-            .frontend_opened(fid, FrontendKind::Grpc);
-        if let Some(peer) = &self.peer {
-            self.cluster
-                .router
-                .borrow_mut()
-                .set_frontend_peer(fid, peer.clone());
-        }
+        let peer = self.peer();
+        let mut router = self.cluster.router.borrow_mut();
+        router.frontend_opened(fid, FrontendKind::Grpc);
+        peer.describe(&mut router, fid);
+        drop(router);
         self.cluster.frontends.borrow_mut().insert(
             fid,
             FrontendRef::Grpc {

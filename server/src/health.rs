@@ -32,7 +32,11 @@
 //! With admission limits on (docs/design/limits.md) each agent also has
 //! `"limits":{"connections":2,"refused":5}`: the connections and dials
 //! counted against its `--max-agent-connections` (all workers together)
-//! and its dials refused by any limit.
+//! and its dials refused by any limit; and the document (each cluster's,
+//! with `--clusters-config`) has the limits in force ([`LimitsInfo`]):
+//! `"limits":{"agent":{"connections":10,"dial_rate":0},"destination":…,
+//! "frontend":…,"cluster":…,"overload_watermark_bytes":0,"overloaded":false}`
+//! (0: off; rates in dials per second).
 //!
 //! `open` counts established end-to-end connections through that agent,
 //! `pending` dials sent to it and not answered yet; `draining` is true once
@@ -53,7 +57,7 @@
 //! - `/metrics`: every cluster's families carry a `cluster` label; the
 //!   process-wide ones (`process_*`, leases, token reviews) do not.
 //! - `/debug/backends` groups the agents by cluster, clusters sorted by
-//!   name: `{"clusters":[{"name":"a","agents":[...]}]}`.
+//!   name: `{"clusters":[{"name":"a","agents":[...],"limits":{...}}]}`.
 
 use std::rc::Rc;
 
@@ -117,10 +121,34 @@ pub struct BackendIdentifiers {
     pub default_route: bool,
 }
 
+/// A cluster's admission limits as `/debug/backends` shows them (when any
+/// is on): the settings now and whether the overload manager refuses.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LimitsInfo {
+    /// The limits (`--max-*`, the watermark in bytes).
+    pub config: konn_protocol::server::limits::LimitsConfig,
+    /// New dials are refused for memory now.
+    pub overloaded: bool,
+}
+
+impl LimitsInfo {
+    /// What `limits` show, if any limit is on.
+    pub fn of(limits: Option<&konn_protocol::server::limits::Limits>) -> Option<Self> {
+        limits.filter(|l| l.enabled()).map(|l| Self {
+            config: l.config(),
+            overloaded: l.overloaded(),
+        })
+    }
+}
+
 /// Where `/debug/backends` gets its data; the server implements it.
 pub trait BackendsSource {
     /// The connected agents, in any order.
     fn backends(&self) -> Vec<BackendInfo>;
+    /// The cluster's admission limits, when any is on.
+    fn limits(&self) -> Option<LimitsInfo> {
+        None
+    }
 }
 
 impl<F: Fn() -> Vec<BackendInfo>> BackendsSource for F {
@@ -130,12 +158,14 @@ impl<F: Fn() -> Vec<BackendInfo>> BackendsSource for F {
 }
 
 /// One cluster's agents (`/debug/backends` with `--clusters-config`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterBackends {
     /// The cluster.
     pub name: String,
     /// Its connected agents.
     pub agents: Vec<BackendInfo>,
+    /// Its admission limits, when any is on.
+    pub limits: Option<LimitsInfo>,
 }
 
 /// What the endpoints of a server with `--clusters-config` report.
@@ -266,6 +296,7 @@ pub fn clusters_json(mut clusters: Vec<ClusterBackends>) -> Vec<u8> {
         json_string(&mut out, &c.name);
         out.push_str(",\"agents\":");
         agents_json(&mut out, c.agents);
+        limits_json(&mut out, c.limits);
         out.push('}');
     }
     out.push_str("]}\n");
@@ -283,7 +314,7 @@ pub fn admin_router(
         .route("/debug/backends", move |_| {
             Response::new(200)
                 .with_header("Content-Type", "application/json")
-                .with_body(backends_json(backends.backends()))
+                .with_body(backends_json(backends.backends(), backends.limits()))
         });
     if enable_profiling {
         profiling_routes(router)
@@ -293,11 +324,37 @@ pub fn admin_router(
 }
 
 /// The `/debug/backends` document (see the module docs), newline-terminated.
-pub fn backends_json(agents: Vec<BackendInfo>) -> Vec<u8> {
+pub fn backends_json(agents: Vec<BackendInfo>, limits: Option<LimitsInfo>) -> Vec<u8> {
     let mut out = String::from("{\"agents\":");
     agents_json(&mut out, agents);
+    limits_json(&mut out, limits);
     out.push_str("}\n");
     out.into_bytes()
+}
+
+/// `,"limits":{…}` when some limit is on (module docs).
+fn limits_json(out: &mut String, limits: Option<LimitsInfo>) {
+    use std::fmt::Write as _;
+    let Some(l) = limits else { return };
+    let c = &l.config;
+    out.push_str(",\"limits\":{");
+    for (name, limit) in [
+        ("agent", &c.agent),
+        ("destination", &c.dest),
+        ("frontend", &c.frontend),
+        ("cluster", &c.cluster),
+    ] {
+        let _ = write!(
+            out,
+            "\"{name}\":{{\"connections\":{},\"dial_rate\":{}}},",
+            limit.max_conns, limit.rate
+        );
+    }
+    let _ = write!(
+        out,
+        "\"overload_watermark_bytes\":{},\"overloaded\":{}}}",
+        c.overload_high, l.overloaded
+    );
 }
 
 /// A JSON array of agents, sorted by id.
@@ -347,22 +404,8 @@ fn agents_json(out: &mut String, mut agents: Vec<BackendInfo>) {
     out.push(']');
 }
 
-/// Appends `s` as a JSON string (RFC 8259 escaping).
-pub(crate) fn json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
+/// Appends a string as JSON (shared with the agent's debug endpoint).
+pub(crate) use konn_core::http1::response::json_string;
 
 #[cfg(test)]
 mod tests {
@@ -390,7 +433,7 @@ mod tests {
             },
         ];
         assert_eq!(
-            String::from_utf8(backends_json(agents)).unwrap(),
+            String::from_utf8(backends_json(agents, None)).unwrap(),
             "{\"agents\":[{\"id\":\"a\",\"identifiers\":{\"host\":[\"h1\",\"h2\"],\"ipv4\":[],\
              \"ipv6\":[],\"cidr\":[],\"defaultRoute\":true},\"draining\":true,\"worker\":1,\
              \"connections\":{\"open\":3,\"pending\":1},\
@@ -399,7 +442,28 @@ mod tests {
              \"cidr\":[],\"defaultRoute\":false},\"draining\":false,\"worker\":0,\
              \"connections\":{\"open\":0,\"pending\":0}}]}\n"
         );
-        assert_eq!(backends_json(Vec::new()), b"{\"agents\":[]}\n");
+        assert_eq!(backends_json(Vec::new(), None), b"{\"agents\":[]}\n");
+        let limits = LimitsInfo {
+            config: konn_protocol::server::limits::LimitsConfig {
+                agent: konn_protocol::server::limits::Limit::new(10, 0),
+                cluster: konn_protocol::server::limits::Limit {
+                    max_conns: 0,
+                    rate: 0.5,
+                    burst: 1,
+                },
+                overload_high: 1000,
+                ..Default::default()
+            },
+            overloaded: true,
+        };
+        assert_eq!(
+            String::from_utf8(backends_json(Vec::new(), Some(limits))).unwrap(),
+            "{\"agents\":[],\"limits\":{\"agent\":{\"connections\":10,\"dial_rate\":0},\
+             \"destination\":{\"connections\":0,\"dial_rate\":0},\
+             \"frontend\":{\"connections\":0,\"dial_rate\":0},\
+             \"cluster\":{\"connections\":0,\"dial_rate\":0.5},\
+             \"overload_watermark_bytes\":1000,\"overloaded\":true}}\n"
+        );
         let verbose = readyz_verbose(
             Ok(()),
             vec![("b".into(), Err(NOT_READY.into())), ("a".into(), Ok(()))],
@@ -416,14 +480,16 @@ mod tests {
             clusters_json(vec![
                 ClusterBackends {
                     name: "b".into(),
-                    agents: Vec::new()
+                    agents: Vec::new(),
+                    limits: None,
                 },
                 ClusterBackends {
                     name: "a".into(),
                     agents: vec![BackendInfo {
                         agent_id: "x".into(),
                         ..BackendInfo::default()
-                    }]
+                    }],
+                    limits: None,
                 },
             ]),
             b"{\"clusters\":[{\"name\":\"a\",\"agents\":[{\"id\":\"x\",\"identifiers\":{\"host\":[],\

@@ -21,10 +21,12 @@ thread_local! {
     static BUDGET: OnceCell<MemoryBudget> = const { OnceCell::new() };
 }
 
-/// Update the overload flag of `limits` from the current memory use;
-/// whether new dials are refused now. A no-op without a watermark.
-pub fn observe(limits: &Limits) -> bool {
-    if limits.config().overload_high == 0 {
+/// Update the overload flag of `limits` (of cluster `cluster`) from the
+/// current memory use; whether new dials are refused now. A no-op without a
+/// watermark.
+pub fn observe(limits: &Limits, cluster: &str) -> bool {
+    let watermark = limits.overload_high();
+    if watermark == 0 {
         return false;
     }
     let used = BUDGET.with(|b| {
@@ -37,11 +39,16 @@ pub fn observe(limits: &Limits) -> bool {
         if now {
             tracing::warn!(
                 used,
-                watermark = limits.config().overload_high,
+                watermark,
+                cluster,
                 "memory above --overload-memory-watermark: refusing new dials"
             );
         } else {
-            tracing::info!(used, "memory below the overload low mark: admitting dials");
+            tracing::info!(
+                used,
+                cluster,
+                "memory below the overload low mark: admitting dials"
+            );
         }
     }
     now
@@ -50,6 +57,6 @@ pub fn observe(limits: &Limits) -> bool {
 /// Before a frontend of `cluster` dials: refresh the overload flag.
 pub fn before_dial(cluster: &Cluster) {
     if let Some(l) = &cluster.settings.router.limits {
-        observe(l);
+        observe(l, cluster.name());
     }
 }

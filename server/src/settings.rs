@@ -462,6 +462,7 @@ impl ServerSettings {
                     burst: o.kube_client.burst,
                     content_type: o.kube_client.content_type.clone(),
                 },
+                memory_budget: e.memory_budget,
             };
             let initial = crate::clusters::config::load(path, &defaults)
                 .map_err(crate::Error::ClustersConfig)?;

@@ -2,8 +2,9 @@
 //! audit record with the bytes the test sent each way, a refused dial
 //! leaves one too; a blocked audit sink never stalls traffic (records are
 //! dropped and counted); `/debug/connections` lists open connections with
-//! their bytes and filters by agent. Real sockets, both frontend modes,
-//! every io engine.
+//! their bytes and filters by agent, on the server and on the agent (every
+//! worker's endpoints, with their server and flow-control state). Real
+//! sockets, both frontend modes, every io engine.
 
 mod e2e_common;
 
@@ -277,6 +278,10 @@ fn debug_connections_lists_open_connections() {
                 monoio::time::sleep(Duration::from_millis(50)).await;
             }
             assert_eq!(found["agent_id"], "agent-0", "{found}");
+            assert!(
+                wait_until_async(|| listed("")["complete"] == true).await,
+                "every worker publishes once asked"
+            );
             assert_eq!(found["destination"].as_str(), Some(echo.as_str()));
             assert_eq!(found["bytes_to_agent"], 1000);
             assert_eq!(found["bytes_from_agent"], 1000);
@@ -309,5 +314,138 @@ fn debug_connections_lists_open_connections() {
         .unwrap();
         agent.stop();
         server.stop();
+    }
+}
+
+/// The agent's `/debug/connections`: its endpoints on every worker (one
+/// tunnel per server, on different workers), each with its server,
+/// destination, bytes each way and flow-control state — a download its
+/// frontend does not read shows as paused by the server — filtered by
+/// server and destination, empty again once everything closed.
+#[test]
+fn agent_debug_connections_lists_every_workers_endpoints() {
+    let _serial = serial();
+    let echo = Destination::echo().unwrap();
+    let source = Destination::source().unwrap();
+    let (echo, src) = (echo.addr().to_string(), source.addr().to_string());
+    for engine in available_engines() {
+        let what = format!("agent /debug/connections on {engine}");
+        let dirs = [TempDir::new("agent-debug-1"), TempDir::new("agent-debug-2")];
+        let mut servers: Vec<TestServer> = ["s1", "s2"]
+            .iter()
+            .zip(&dirs)
+            .map(|(id, dir)| {
+                ServerSpec {
+                    tweak: Some(Box::new(move |s| {
+                        s.server_id = (*id).to_owned();
+                        s.server_count = 2;
+                    })),
+                    ..ServerSpec::new(engine, Mode::Grpc, Transport::Unix, dir)
+                }
+                .start()
+            })
+            .collect();
+        let lb = konn_testkit::relay::LoadBalancer::start(
+            servers.iter().map(TestServer::agent_addr).collect(),
+        )
+        .unwrap();
+        let mut agent = servers[0].agent_with("agent-0", "", Some(lb.addr()), |s| {
+            s.admin = vec!["127.0.0.1:0".parse().unwrap()];
+            s.runtime.workers = 2;
+        });
+        for s in &servers {
+            wait_backends(s, 1);
+        }
+        let admin = agent.h().admin_addr().unwrap();
+        let listed = |q: &str| -> Value {
+            let (status, body) = http_get(admin, &format!("/debug/connections{q}")).unwrap();
+            assert_eq!(status, 200);
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+        };
+        let count = |v: &Value| v["connections"].as_array().map_or(0, Vec::len);
+        let frontends: Vec<FrontendAddr> = servers.iter().map(TestServer::frontend).collect();
+        block_on(engine, async {
+            let mut open = Vec::new();
+            for (i, fe) in frontends.iter().enumerate() {
+                let g = fe.grpc().await.unwrap();
+                let t = g.dial(&echo, T).await.unwrap();
+                let data = pattern(i as u64, 1000 * (i + 1));
+                t.write(&data).await.unwrap();
+                assert!(t.read_exact(data.len(), T).await.unwrap() == data);
+                open.push((g, t));
+            }
+            // A download its frontend does not read: the server pauses it.
+            let g = frontends[0].grpc().await.unwrap();
+            let stalled = g.dial(&src, T).await.unwrap();
+            let mut head = (48u64 << 20).to_be_bytes().to_vec();
+            head.extend_from_slice(&3u64.to_be_bytes());
+            stalled.write(&head).await.unwrap();
+            // Other workers publish once asked: ask until all is there.
+            let deadline = konn_core::io::clock::now() + T;
+            let mut all = Value::Null;
+            loop {
+                let v = listed("");
+                let paused = v["connections"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|c| c["flow"]["paused_by_server"] == true));
+                if v["complete"] == true && count(&v) == 3 && paused {
+                    all = v;
+                    break;
+                }
+                if konn_core::io::clock::now() > deadline {
+                    break;
+                }
+                monoio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let list = all["connections"].as_array().cloned().unwrap_or_default();
+            assert_eq!(list.len(), 3, "{what}: {all}");
+            let mut workers: Vec<u64> = list.iter().filter_map(|c| c["worker"].as_u64()).collect();
+            workers.sort_unstable();
+            workers.dedup();
+            assert_eq!(workers, [0, 1], "{what}: one tunnel per worker: {all}");
+            for (server, n) in [("s1", 1000u64), ("s2", 2000)] {
+                let c = list
+                    .iter()
+                    .find(|c| c["server"] == server && c["destination"] == echo.as_str())
+                    .unwrap_or_else(|| panic!("{what}: no echo via {server}: {all}"));
+                assert_eq!(c["bytes_to_destination"], n, "{c}");
+                assert_eq!(c["bytes_from_destination"], n, "{c}");
+                assert_eq!(c["state"], "flowing", "{c}");
+                assert!(c["connection_id"].as_i64().unwrap() > 0);
+                assert!(c["age_seconds"].as_f64().unwrap() >= 0.0);
+            }
+            let paused = list
+                .iter()
+                .find(|c| c["destination"] == src.as_str())
+                .unwrap();
+            assert_eq!(paused["server"], "s1");
+            assert_eq!(paused["state"], "paused", "{paused}");
+            assert_eq!(paused["bytes_to_destination"], 16);
+            assert!(paused["bytes_from_destination"].as_u64().unwrap() > 0);
+            assert_eq!(count(&listed("?server=s2")), 1);
+            let dest = format!("?destination={}", echo.replace(':', "%3A"));
+            assert_eq!(count(&listed(&dest)), 2);
+            assert_eq!(count(&listed("?server=nobody")), 0);
+            let _ = stalled.close(T).await;
+            g.close().await;
+            for (g, t) in open {
+                t.close(T).await.unwrap();
+                g.close().await;
+            }
+            assert!(
+                wait_until_async(|| {
+                    let v = listed("");
+                    v["complete"] == true && count(&v) == 0
+                })
+                .await,
+                "{what}: still listed: {}",
+                listed("")
+            );
+        })
+        .unwrap();
+        agent.stop();
+        for s in &mut servers {
+            s.stop();
+        }
     }
 }

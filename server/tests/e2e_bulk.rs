@@ -6,7 +6,8 @@
 //! agent tunnel → endpoint and back.
 //!
 //! gRPC runs over the Unix socket, CONNECT over TCP with mTLS (the other
-//! combinations are covered by `e2e_proxy`).
+//! combinations are covered by `e2e_proxy`). Each transfer leaves one
+//! audit record with the bytes the test sent and read.
 
 mod e2e_common;
 
@@ -59,8 +60,10 @@ fn run(mode: Mode, transport: Transport) {
         let what = format!("{mode:?} over {transport:?} on {engine}");
         let before = Baseline::take();
         let dir = TempDir::new("bulk");
+        let audit = dir.path("audit.log");
         let mut server = ServerSpec {
             pki: Some(&pki),
+            tweak: Some(audit_to(audit.clone())),
             ..ServerSpec::new(engine, mode, transport, &dir)
         }
         .start();
@@ -68,6 +71,7 @@ fn run(mode: Mode, transport: Transport) {
         wait_backends(&server, 1);
         let idle = Baseline::take();
         let frontend = server.frontend();
+        konn_testkit::dest::take_transfers();
         let (up, down) = block_on(engine, async {
             let mut pattern = Pattern::new(11);
             let mut buf = vec![0u8; CHUNK];
@@ -128,6 +132,20 @@ fn run(mode: Mode, transport: Transport) {
         );
         assert_eq!(down, (SIZE, want_down.clone()), "{what}: download");
         assert_idle(&server, &[&agent], idle, &what);
+        // One record per transfer, with what the test sent and read.
+        assert_audited_bytes(&server, &audit, &what);
+        let text = std::fs::read_to_string(&audit).unwrap();
+        let mut bytes: Vec<(u64, u64)> = text
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                assert_eq!(v["result"], "closed", "{what}: {l}");
+                let b = |k: &str| v[k].as_u64().unwrap();
+                (b("bytes_to_agent"), b("bytes_from_agent"))
+            })
+            .collect();
+        bytes.sort_unstable();
+        assert_eq!(bytes, [(16, SIZE), (8 + SIZE, 64)], "{what}");
         agent.stop();
         server.stop();
         drop(dir);

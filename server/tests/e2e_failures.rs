@@ -10,7 +10,8 @@
 //! - A frontend that vanishes releases its connection and its pending dial
 //!   on the server and on the agent.
 //!
-//! Each scenario ends with the leak check of `e2e_common::assert_idle`.
+//! Each scenario ends with the leak check of `e2e_common::assert_idle`
+//! and one audit record per dial, saying how it failed or ended.
 
 mod e2e_common;
 
@@ -91,7 +92,12 @@ fn dial_failures_map_to_upstream_errors_and_statuses() {
             let what = format!("{mode:?} on {engine}");
             let before = Baseline::take();
             let dir = TempDir::new("dialfail");
-            let mut server = ServerSpec::new(engine, mode, Transport::Unix, &dir).start();
+            let audit = dir.path("audit.log");
+            let mut server = ServerSpec {
+                tweak: Some(audit_to(audit.clone())),
+                ..ServerSpec::new(engine, mode, Transport::Unix, &dir)
+            }
+            .start();
             let mut agent = server.agent_with("agent-f", "", None, |s| {
                 s.connect.settings.dial_timeout = Duration::from_millis(300);
             });
@@ -154,6 +160,18 @@ fn dial_failures_map_to_upstream_errors_and_statuses() {
             })
             .unwrap();
             assert_idle(&server, &[], idle, &what);
+            // Every dial audited, with why it failed.
+            assert_audited(&server, &audit, &what);
+            assert_eq!(
+                audited_outcomes(&audit),
+                [
+                    "failed/dial_failed",
+                    "failed/dial_failed",
+                    "failed/dial_failed",
+                    "refused/no_backend"
+                ],
+                "{what}"
+            );
             server.stop();
             drop(dir);
             assert_released(before, &format!("{what}, stopped"));
@@ -174,8 +192,9 @@ fn backend_dial_timeout_fails_the_dial_and_cancels_it_on_the_agent() {
             let what = format!("{mode:?} on {engine}");
             let before = Baseline::take();
             let dir = TempDir::new("backendtimeout");
+            let audit = dir.path("audit.log");
             let mut server = ServerSpec {
-                tweak: Some(Box::new(|s| {
+                tweak: Some(audit_and(audit.clone(), |s| {
                     s.router.dial_timeout = Duration::from_millis(300)
                 })),
                 ..ServerSpec::new(engine, mode, Transport::Unix, &dir)
@@ -201,6 +220,8 @@ fn backend_dial_timeout_fails_the_dial_and_cancels_it_on_the_agent() {
             // The agent's dialling socket is gone too (it counts in the
             // descriptors), long before its own timeout.
             assert_idle(&server, &[&agent], idle, &what);
+            assert_audited(&server, &audit, &what);
+            assert_eq!(audited_outcomes(&audit), ["failed/dial_timeout"], "{what}");
             agent.stop();
             server.stop();
             drop(dir);
@@ -247,9 +268,11 @@ fn agent_killed_mid_stream_closes_its_frontends_within_a_second() {
             let what = format!("{mode:?} over {transport:?} on {engine}");
             let before = Baseline::take();
             let dir = TempDir::new("kill");
+            let audit = dir.path("audit.log");
             let mut server = ServerSpec {
                 pki: Some(&pki),
                 strategies: vec![Strategy::DestHost],
+                tweak: Some(audit_to(audit.clone())),
                 ..ServerSpec::new(engine, mode, transport, &dir)
             }
             .start();
@@ -273,6 +296,14 @@ fn agent_killed_mid_stream_closes_its_frontends_within_a_second() {
             .unwrap();
             wait_backends(&server, 1);
             assert_idle(&server, &[&a, &b], idle, &what);
+            // One record per connection and dial, cut ones included.
+            assert_audited(&server, &audit, &what);
+            let outcomes = audited_outcomes(&audit);
+            let cut = outcomes
+                .iter()
+                .filter(|o| *o == "closed/backend_gone")
+                .count();
+            assert_eq!(cut, FLOWS, "{what}: {outcomes:?}");
             a.stop();
             b.stop();
             drop(lb);
@@ -462,7 +493,12 @@ fn a_vanished_frontend_releases_its_connection_and_its_dial() {
             let what = format!("{mode:?} on {engine}");
             let before = Baseline::take();
             let dir = TempDir::new("vanish");
-            let mut server = ServerSpec::new(engine, mode, Transport::Unix, &dir).start();
+            let audit = dir.path("audit.log");
+            let mut server = ServerSpec {
+                tweak: Some(audit_to(audit.clone())),
+                ..ServerSpec::new(engine, mode, Transport::Unix, &dir)
+            }
+            .start();
             // A dial left to the agent would outlast the leak check.
             let mut agent = server.agent_with("agent-v", "", None, |s| {
                 s.connect.settings.dial_timeout = Duration::from_secs(600);
@@ -518,6 +554,12 @@ fn a_vanished_frontend_releases_its_connection_and_its_dial() {
             })
             .unwrap();
             assert_idle(&server, &[&agent], idle, &what);
+            assert_audited(&server, &audit, &what);
+            assert_eq!(
+                audited_outcomes(&audit),
+                ["cancelled/frontend_close", "closed/"],
+                "{what}"
+            );
             agent.stop();
             server.stop();
             drop(dir);

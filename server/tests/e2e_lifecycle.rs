@@ -8,7 +8,9 @@
 //!   while its own connections keep flowing; with only draining agents
 //!   left, the server uses one anyway (upstream's rule).
 //!
-//! Each scenario ends with the leak check of `e2e_common::assert_idle`.
+//! Each scenario ends with the leak check of `e2e_common::assert_idle` and
+//! one audit record per connection (a server's stop writes the records of
+//! the connections it cuts).
 
 mod e2e_common;
 
@@ -101,12 +103,14 @@ fn agents_reconnect_after_a_server_restart() {
             let what = format!("{mode:?} over {transport:?} on {engine}");
             let before = Baseline::take();
             let dir = TempDir::new("restart");
-            let spec = |agent_addr| ServerSpec {
+            let (log1, log2) = (dir.path("audit-1.log"), dir.path("audit-2.log"));
+            let spec = |agent_addr, log: &std::path::Path| ServerSpec {
                 pki: Some(&pki),
                 agent_addr,
+                tweak: Some(audit_to(log.to_owned())),
                 ..ServerSpec::new(engine, mode, transport, &dir)
             };
-            let mut server = spec(None).start();
+            let mut server = spec(None, &log1).start();
             let agent_addr = server.agent_addr();
             let mut agents = [
                 server.agent("agent-r1", "", None),
@@ -132,7 +136,9 @@ fn agents_reconnect_after_a_server_restart() {
             })
             .unwrap();
 
-            let server = spec(Some(agent_addr)).start();
+            // The stop wrote the record of the connection it cut.
+            assert_eq!(audited_outcomes(&log1).len(), 1, "{what}");
+            let server = spec(Some(agent_addr), &log2).start();
             assert_eq!(server.agent_addr(), agent_addr);
             wait_backends(&server, 2);
             assert!(
@@ -149,6 +155,8 @@ fn agents_reconnect_after_a_server_restart() {
             })
             .unwrap();
             assert_idle(&server, &agents.iter().collect::<Vec<_>>(), idle, &what);
+            assert_audited(&server, &log2, &what);
+            assert_eq!(audited_outcomes(&log2), ["closed/"; 4], "{what}");
             let mut server = server;
             for a in &mut agents {
                 a.stop();
@@ -195,9 +203,11 @@ fn drain_moves_new_dials_away_and_keeps_what_is_open() {
             let what = format!("{mode:?} over {transport:?} on {engine}");
             let before = Baseline::take();
             let dir = TempDir::new("drain");
+            let audit = dir.path("audit.log");
             let mut server = ServerSpec {
                 pki: Some(&pki),
                 workers: 1,
+                tweak: Some(audit_to(audit.clone())),
                 ..ServerSpec::new(engine, mode, transport, &dir)
             }
             .start();
@@ -208,6 +218,7 @@ fn drain_moves_new_dials_away_and_keeps_what_is_open() {
             let frontend = server.frontend();
             drain_scenario(engine, mode, &what, &server, &frontend, &a, &mut b, &echo);
             assert_idle(&server, &[&a], idle, &what);
+            assert_audited(&server, &audit, &what);
             a.stop();
             server.stop();
             drop(dir);

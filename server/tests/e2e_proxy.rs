@@ -4,7 +4,8 @@
 //! one at a time and 100 at once. Every scenario runs under each io
 //! engine and ends with the leak check of `e2e_common::assert_idle`, and
 //! with every descriptor given back once server and agents stopped, and
-//! with exactly one audit record per connection (`assert_audited`).
+//! with exactly one audit record per connection whose bytes each way are
+//! what the destination's socket counted (`assert_audited_bytes`).
 
 mod e2e_common;
 
@@ -49,9 +50,10 @@ fn each_setup(mode: Mode, agents: usize, body: impl Fn(&TestServer, &[Agent], &F
             wait_backends(&server, agents.len());
             let idle = Baseline::take();
             let frontend = server.frontend();
+            konn_testkit::dest::take_transfers();
             body(&server, &agents, &frontend);
             assert_idle(&server, &agents.iter().collect::<Vec<_>>(), idle, &what);
-            assert_audited(&server, &audit, &what);
+            assert_audited_bytes(&server, &audit, &what);
             for a in &mut agents {
                 a.stop();
             }

@@ -12,7 +12,8 @@
 //!   (upstream's head-of-line blocking, bounded by the stuck timeout) and
 //!   still lose nothing;
 //! - the same for a gRPC frontend that stops reading its call while its
-//!   destination keeps sending.
+//!   destination keeps sending;
+//! - every connection, the stuck ones included, leaves one audit record.
 //!
 //! Timing: the only deadlines are upper bounds on waits; "the others are not
 //! affected" is checked as an order of events (they finish while the stuck
@@ -77,6 +78,12 @@ impl Rig {
         settings.windows = (1 << 20, 4 << 20);
         settings.router.flow = FlowLimits::from_queue_size(1 << 20, stuck);
         settings.flow_control = extension;
+        settings.observe.audit = Some(konn_server::audit::AuditConfig {
+            sink: konn_server::audit::Sink::File(dir.path().join("audit.log")),
+            max_size: 0,
+            max_backups: 0,
+            queue: 4096,
+        });
         let server = start(settings).unwrap();
         let socket = server.frontend_path().unwrap().to_path_buf();
         let address = server.agent_addr().to_string();
@@ -124,8 +131,48 @@ impl Rig {
     }
 }
 
+impl Rig {
+    /// Every connection and dial that ended left one audit record (stuck
+    /// closes included), none dropped.
+    fn check_audit(&self, server: &ServerHandle) {
+        let scrape = || server.metrics().registry().render_to_string();
+        let ended = || -> f64 {
+            scrape()
+                .lines()
+                .filter(|l| l.starts_with("konn_connections_ended_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        let records = || {
+            std::fs::read_to_string(self._dir.path().join("audit.log"))
+                .unwrap_or_default()
+                .lines()
+                .count() as f64
+        };
+        let deadline = Instant::now() + WAIT;
+        while records() != ended() {
+            assert!(
+                Instant::now() < deadline,
+                "{} audit records, {} ended connections and dials",
+                records(),
+                ended()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            scrape().contains("konn_audit_records_dropped_total 0"),
+            "records dropped"
+        );
+    }
+}
+
 impl Drop for Rig {
     fn drop(&mut self) {
+        if let Some(s) = &self.server
+            && !std::thread::panicking()
+        {
+            self.check_audit(s);
+        }
         if let Some(s) = self.server.take() {
             let _ = s.stop();
         }

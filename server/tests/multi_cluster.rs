@@ -23,8 +23,10 @@
 //! fails for the others); an agent with cluster A's SNI and cluster B's
 //! certificate is refused, as are unknown and missing SNI; a reload (file
 //! watch) adds a fourth cluster and removes the first while bulk uploads
-//! run in two others, which complete byte-exact; tables and descriptors
-//! go back to baseline. The isolation scenario runs on every io engine.
+//! run in two others, which complete byte-exact; a cluster's `limits`
+//! refuse its own dials only, and reloads retune them in place around a
+//! held connection; tables and descriptors go back to baseline. The
+//! isolation scenario runs on every io engine.
 
 mod e2e_common;
 
@@ -67,6 +69,8 @@ struct Fixture {
     front: Front,
     pki: PkiFiles,
     island: Option<Proc>,
+    /// More of the cluster's YAML (indented as its fields).
+    extra: String,
 }
 
 impl Fixture {
@@ -93,8 +97,9 @@ impl Fixture {
             ),
         };
         format!(
-            "- name: {name}\n  frontend:\n{frontend}  agents:\n    serverNames: [{sni}]\n    cert: {cert}\n    key: {key}\n    clientCA: {ca}\n    allowedClients: [{{organizationalUnit: {name}}}]\n  backendDialTimeout: 10s\n",
+            "- name: {name}\n  frontend:\n{frontend}  agents:\n    serverNames: [{sni}]\n    cert: {cert}\n    key: {key}\n    clientCA: {ca}\n    allowedClients: [{{organizationalUnit: {name}}}]\n  backendDialTimeout: 10s\n{extra}",
             name = self.name,
+            extra = self.extra,
             sni = self.sni(),
             cert = self.pki.server_cert.display(),
             key = self.pki.server_key.display(),
@@ -341,6 +346,7 @@ impl World {
                     front,
                     pki,
                     island: None,
+                    extra: String::new(),
                 }
             })
             .collect();
@@ -818,4 +824,151 @@ fn sighup_reloads_the_binary_only_with_clusters_config() {
         status.is_some_and(|s| !s.success()),
         "SIGHUP without --clusters-config: {status:?}"
     );
+}
+
+/// A CONNECT through the Unix socket at `path` with blocking std IO, kept
+/// open: the stream after the answer's head and the island's greeting
+/// line, or the answer when the dial was refused.
+fn hold_connect(path: &Path, target: &str) -> Result<UnixStream, String> {
+    let mut s = UnixStream::connect(path).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(T)).unwrap();
+    write!(s, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    if !head.starts_with("HTTP/1.1 200") {
+        let mut rest = String::new();
+        let _ = s.read_to_string(&mut rest);
+        return Err(head + &rest);
+    }
+    Ok(s)
+}
+
+/// Echo a line through a held connection (after the greeting).
+fn echo_line(s: &mut UnixStream, line: &str) -> String {
+    writeln!(s, "{line}").unwrap();
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\n") {
+        match s.read(&mut byte) {
+            Ok(1) => got.push(byte[0]),
+            other => panic!("echo of {line:?} ended: {other:?} after {got:?}"),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Per-cluster limits (`limits:` in the file): a cluster's limit refuses
+/// its own dials only, and a reload that changes limits alone retunes them
+/// in place — no tunnel or connection restarts, the counts stay true —
+/// whether it raises a limit, switches them all off or on again.
+#[test]
+fn a_reload_retunes_a_clusters_limits_in_place() {
+    let _serial = serial();
+    let engine = Engine::Epoll;
+    let before = Baseline::take();
+    let mut w = World::new(&[("a", Front::ConnectUnix), ("b", Front::GrpcUnix)]);
+    let limit = |n: u32| format!("  limits:\n    maxClusterConnections: {n}\n");
+    w.clusters[0].extra = limit(1);
+    w.start(engine, &["a", "b"]);
+    w.wait_agents(&["a", "b"]);
+    let sock = w.fixture("a").uds(&w.dir);
+    let greeting = "a\n";
+    let open = || -> Result<UnixStream, String> {
+        let mut s = hold_connect(&sock, "127.0.0.1:7000")?;
+        let mut hello = [0u8; 2];
+        s.read_exact(&mut hello).unwrap();
+        assert_eq!(&hello, greeting.as_bytes());
+        Ok(s)
+    };
+    let refused = |r: Result<UnixStream, String>| match r {
+        Ok(_) => panic!("admitted over the limit"),
+        Err(answer) => {
+            assert!(
+                answer.starts_with("HTTP/1.1 503")
+                    && answer.ends_with("konn: dial refused: limit_cluster_conns"),
+                "{answer}"
+            );
+        }
+    };
+    let mut held = open().unwrap();
+    refused(open());
+    // Another cluster's dials are not counted against a's limit.
+    for _ in 0..3 {
+        assert_eq!(w.hello(engine, "b", "127.0.0.1:7000").as_deref(), Ok("b"));
+    }
+    // Counted on the agents of a (whichever took each dial), not of b.
+    let (_, backends) = w.admin("/debug/backends");
+    let v: serde_json::Value = serde_json::from_str(&backends).unwrap();
+    let sum = |cluster: usize, field: &str| -> u64 {
+        v["clusters"][cluster]["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["limits"][field].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(
+        (sum(0, "connections"), sum(0, "refused")),
+        (1, 1),
+        "{backends}"
+    );
+    let b_agents = v["clusters"][1]["agents"].as_array().unwrap();
+    assert!(
+        b_agents.iter().all(|a| a.get("limits").is_none()),
+        "b has no limits: {backends}"
+    );
+    let (_, metrics) = w.health("/metrics");
+    let refusals =
+        "konn_server_dial_refusals_total{cluster=\"a\",reason=\"limit_cluster_conns\"} 1";
+    assert!(metrics.contains(refusals), "{metrics}");
+
+    let reload = |w: &mut World, a_limits: String| {
+        w.clusters[0].extra = a_limits;
+        w.write_config(&["a", "b"]);
+        w.server.as_mut().unwrap().reload().unwrap()
+    };
+    // Raised: the held connection goes on; one more fits.
+    let s = reload(&mut w, limit(2));
+    assert_eq!(s.retuned, ["a"], "{s:?}");
+    assert!(s.added.is_empty() && s.changed.is_empty() && s.removed.is_empty());
+    assert_eq!(echo_line(&mut held, "still here"), "still here\n");
+    let mut second = open().unwrap();
+    refused(open());
+    // All off: no limit, no per-agent counts shown.
+    let s = reload(&mut w, String::new());
+    assert_eq!(s.retuned, ["a"]);
+    let more: Vec<UnixStream> = (0..3).map(|_| open().unwrap()).collect();
+    let (_, backends) = w.admin("/debug/backends");
+    assert!(!backends.contains("\"limits\""), "{backends}");
+    drop(more);
+    // On again: the two connections admitted under a limit still count,
+    // those admitted while it was off do not.
+    let s = reload(&mut w, limit(3));
+    assert_eq!(s.retuned, ["a"]);
+    let third = open().unwrap();
+    refused(open());
+    assert_eq!(
+        echo_line(&mut held, "after three reloads"),
+        "after three reloads\n"
+    );
+    assert_eq!(echo_line(&mut second, "and this one"), "and this one\n");
+    // An unchanged file changes nothing.
+    let s = w.server.as_mut().unwrap().reload().unwrap();
+    assert!(s.is_empty(), "{s:?}");
+    drop((held, second, third));
+    let (_, m) = w.health("/metrics");
+    assert!(
+        m.contains("konn_server_clusters_config_reloads_total{result=\"ok\"} 4"),
+        "{m}"
+    );
+    w.stop();
+    drop(w);
+    assert_released(before, "limits reload scenario stopped");
 }

@@ -36,6 +36,10 @@
 //! their endpoints are gone (bounded by [`AgentSettings::stop_timeout`]),
 //! and returns; the HTTP servers end their connections.
 //!
+//! **`/debug/connections`** (admin port, `crate::debug`): worker 0 reads
+//! its own endpoints live and sends [`Msg::Watch`] to the others, which
+//! then publish theirs every half second for a minute.
+//!
 //! **Metrics.** Packets, dial outcomes and endpoints are counted per core
 //! by a [`TunnelObserver`](crate::conn::TunnelObserver) over the worker's [`AgentCoreMetrics`] (no
 //! shared atomics on the data path); `open_server_connections` and
@@ -80,6 +84,9 @@ pub enum Msg {
     /// The number of valid server Leases changed (to worker 0, from the
     /// lease counter; `crate::leases`).
     LeaseCount(usize),
+    /// Someone asked for `/debug/connections` (from worker 0): publish
+    /// this worker's listing while it is watched (`crate::debug`).
+    Watch,
 }
 
 /// A tunnel's news for the sync loop.
@@ -145,6 +152,8 @@ struct Inner {
     health_port: u16,
     /// `--target` listeners (and the address added for them).
     reverse: Option<crate::reverse::Listeners>,
+    /// The workers' `/debug/connections` listings.
+    conns: crate::debug::EndpointBoard,
 }
 
 /// A running agent. Dropping it stops it.
@@ -294,6 +303,7 @@ pub fn start(settings: AgentSettings) -> Result<AgentHandle, Error> {
         admin,
         health_port: health_addr.map_or(0, |a| a.port()),
         reverse,
+        conns: crate::debug::EndpointBoard::new(workers, konn_core::io::clock::now()),
     });
     let workers = Workers::start(runtime, move |ctx| worker_main(ctx, inner.clone()))?;
     let kube = match &lease_counting {

@@ -24,6 +24,7 @@ use konn_protocol::h2;
 
 use crate::client::{TunnelHandle, open_tunnel_with};
 use crate::conn::{TunnelEvent, TunnelHandler, TunnelObserver};
+use crate::debug::EndpointInfo;
 use crate::health::{admin_router, health_router};
 use crate::metrics::{AgentCoreMetrics, DialFailureReason, Direction, ReverseRefusal, Segment};
 
@@ -53,6 +54,8 @@ struct Worker {
     index: usize,
     /// Random numbers for reverse connections (which tunnel, dial ids).
     rng: RefCell<Rng>,
+    /// Wakes the `/debug/connections` publisher ([`Msg::Watch`]).
+    watch: Notify,
 }
 
 pub(super) async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
@@ -72,6 +75,7 @@ pub(super) async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
         index,
         rng: RefCell::new(Rng::new(konn_core::io::clock::seed())),
         inner: inner.clone(),
+        watch: Notify::new(),
     });
     let mut tasks = Vec::new();
     if let Some(listeners) = &inner.reverse {
@@ -88,10 +92,16 @@ pub(super) async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
     let controller =
         (index == 0).then(|| Rc::new(Controller::new(&inner, ctx.mesh().clone(), ctx.workers())));
     if let Some(ctl) = &controller {
-        tasks.push(spawn_http(&inner, &stop, true));
-        tasks.push(spawn_http(&inner, &stop, false));
+        tasks.push(spawn_http(&worker, &stop, true));
+        tasks.push(spawn_http(&worker, &stop, false));
         let (ctl, stop) = (ctl.clone(), stop.clone());
         tasks.push(Some(monoio::spawn(async move { ctl.run(&stop).await })));
+    }
+    {
+        let (w, stop) = (worker.clone(), stop.clone());
+        tasks.push(Some(monoio::spawn(async move {
+            w.publish_connections(&stop).await
+        })));
     }
     if let Some(mut inbox) = ctx.take_inbox() {
         let w = worker.clone();
@@ -121,6 +131,7 @@ pub(super) async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
                         ctl.on_lease_count(n);
                     }
                 }
+                Msg::Watch => w.watch.notify(),
             })
             .await;
     } else {
@@ -135,10 +146,11 @@ pub(super) async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
 
 /// Serve the health (`true`) or admin port on this worker until stopped.
 fn spawn_http(
-    inner: &Arc<Inner>,
+    worker: &Rc<Worker>,
     stop: &StopToken,
     health: bool,
 ) -> Option<monoio::task::JoinHandle<()>> {
+    let inner = &worker.inner;
     let listener = if health { &inner.health } else { &inner.admin };
     let listener = listener.as_ref()?.try_clone().ok()?;
     let router: Router = if health {
@@ -148,7 +160,15 @@ fn spawn_http(
             inner.metrics.registry().clone(),
         )
     } else {
-        admin_router(inner.health_port, inner.settings.enable_profiling)
+        let w = worker.clone();
+        admin_router(inner.health_port, inner.settings.enable_profiling).route(
+            "/debug/connections",
+            move |req| {
+                http1::Response::new(200)
+                    .with_header("Content-Type", "application/json")
+                    .with_body(w.connections_json(req.query()))
+            },
+        )
     };
     let config = Rc::new(inner.settings.http.clone());
     let stop = stop.clone();
@@ -227,6 +247,55 @@ impl Worker {
                 Slot::Dialing(_) => None,
             })
             .collect()
+    }
+
+    /// This worker's open endpoints and dials at `now`.
+    fn snapshot(&self, now: std::time::Instant) -> Vec<EndpointInfo> {
+        let mut out = Vec::new();
+        for h in self.running() {
+            let _ = h.with(|_, t| t.connections(self.index, now, &mut out));
+        }
+        out
+    }
+
+    /// `/debug/connections` (on the admin port's worker): the others are
+    /// asked to publish (see `crate::debug`).
+    fn connections_json(&self, query: Option<&str>) -> Vec<u8> {
+        let now = konn_core::io::clock::now();
+        for to in (0..self.inner.conns.workers()).filter(|&i| i != self.index) {
+            let _ = self.mesh.send(to, Msg::Watch);
+        }
+        crate::debug::connections_json(
+            self.snapshot(now),
+            &self.inner.conns,
+            self.index,
+            query,
+            now,
+        )
+    }
+
+    /// Publish this worker's listing every `REFRESH` while someone looks
+    /// (woken by [`Msg::Watch`]); idle otherwise. Ends when stopped.
+    async fn publish_connections(&self, stop: &StopToken) {
+        let board = &self.inner.conns;
+        loop {
+            if let Either::Right(()) = race(self.watch.notified(), stop.stopped()).await {
+                return;
+            }
+            loop {
+                let now = konn_core::io::clock::now();
+                if !board.watched(now) {
+                    break;
+                }
+                if board.wanted(self.index, now) {
+                    board.publish(self.index, self.snapshot(now), now);
+                }
+                let tick = monoio::time::sleep(http1::board::REFRESH);
+                if let Either::Right(()) = race(tick, stop.stopped()).await {
+                    return;
+                }
+            }
+        }
     }
 
     /// Wait until no attempt and no endpoint is left, at most `limit`.

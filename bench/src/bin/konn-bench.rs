@@ -9,10 +9,12 @@
 //! konn-bench idle [--connections N] [--impl NAME=DIR]...
 //! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 //! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
-//!                   [--kernel io-uring,epoll]
+//!                   [--kernel io-uring,epoll] [--guarded]
 //! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
 //! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
 //! konn-bench soak [--minutes N] [--restart-every SECS] [--konn DIR] [--out DIR]
+//! konn-bench guards [--reps N] [--konn DIR] [--engine E] [--only S1,S4]
+//!                   [--tolerance PCT] [--out FILE] [--no-pin]
 //! ```
 //!
 //! - `compare`: the side-by-side run of docs/BENCHMARKS.md: S1–S8 for the
@@ -36,7 +38,8 @@
 //!   tolerance; `--write FILE` records a new baseline (`--tolerance`, in
 //!   percent, default 4). `--kernel ENGINES` instead counts system calls,
 //!   context switches and io_uring completions per MB and per dial of
-//!   each engine, natively (`perf stat` software events).
+//!   each engine, natively (`perf stat` software events). `--guarded`
+//!   counts with every issue-17 guard on (as `guards`).
 //! - `idle` (S5 of the benchmark plan): opens N tunnelled connections the
 //!   way kube-apiserver does (one gRPC frontend connection per dial over the
 //!   Unix socket), sends one message on each, keeps them open and reports the
@@ -69,6 +72,16 @@
 //!   and `soak.md` to `--out` when given, and exits with 1 when a workload
 //!   run failed or memory or descriptors grew over the run.
 
+//! - `guards` (issue 17): S1 and S4 with the audit log, every admission
+//!   limit (never reached), the overload manager, per-destination metrics
+//!   and the agent's allow-list all on (`konn-guarded`) against all off
+//!   (`konn-off`): the same binaries in one run, interleaved by repetition
+//!   (`--reps`, default 5; one engine, `--engine`, default epoll). Prints
+//!   the load average and a markdown table of medians and paired ratios
+//!   ([`konn_bench::harness::guards`]), writes it to `--out` when given,
+//!   and exits with 1 when a throughput's median ratio is below
+//!   1 − `--tolerance` (percent, default 5).
+
 // A measuring tool: it reads the clock.
 #![allow(clippy::disallowed_methods)]
 
@@ -97,15 +110,16 @@ fn main() -> Result<()> {
         Some("multi") => multi_main(it),
         Some("agents") => agents_main(it),
         Some("soak") => soak_main(it),
+        Some("guards") => guards_main(it),
         Some(other) => {
             bail!(
-                "unknown subcommand {other:?} (agents, compare, icount, idle, multi, reverse, soak)"
+                "unknown subcommand {other:?} (agents, compare, guards, icount, idle, multi, reverse, soak)"
             )
         }
     }
 }
 
-/// A scratch directory, removed when dropped.
+/// A scratch directory, removed when dropped (see the `Drop`).
 struct WorkDir(PathBuf);
 
 impl WorkDir {
@@ -117,7 +131,13 @@ impl WorkDir {
 }
 
 impl Drop for WorkDir {
+    /// Removed, unless `KONN_BENCH_KEEP` is set (to read what a run left:
+    /// icount's callgrind files, the guarded run's audit log, logs).
     fn drop(&mut self) {
+        if std::env::var_os("KONN_BENCH_KEEP").is_some() {
+            eprintln!("kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -138,6 +158,70 @@ fn konn_bins(name: &str, dir: &Path, engine: Option<&str>) -> Binaries {
     b.server_flags = flags.clone();
     b.agent_flags = flags;
     b
+}
+
+fn guards_main(mut it: impl Iterator<Item = String>) -> Result<()> {
+    use konn_bench::harness::guards;
+    let (mut reps, mut konn, mut engine, mut no_pin) = (5, None, "epoll".to_owned(), false);
+    let mut only = vec!["S1".to_owned(), "S4".to_owned()];
+    let (mut tolerance, mut out) = (5.0, None);
+    while let Some(a) = it.next() {
+        let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "--reps" => reps = val("a number")?.parse()?,
+            "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            "--engine" => engine = val("an engine")?,
+            "--only" => only = val("a list")?.split(',').map(str::to_owned).collect(),
+            "--tolerance" => tolerance = val("a percentage")?.parse()?,
+            "--out" => out = Some(PathBuf::from(val("a file")?)),
+            "--no-pin" => no_pin = true,
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    let konn_dir = match konn {
+        Some(d) => d,
+        None => procs::bin_dir().context("konn's binaries not found; pass --konn DIR")?,
+    };
+    let work = WorkDir::new("guards")?;
+    let plain = konn_bins(guards::PLAIN, &konn_dir, Some(&engine));
+    let guarded = guards::guarded(&plain, &work.0);
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let pin = (cpus >= 2 && !no_pin).then(|| (0, vec![1]));
+    let cfg = Config {
+        quick: false,
+        reps,
+        impls: vec![plain, guarded],
+        idle_conns: 0,
+        only,
+        pin: pin.clone(),
+    };
+    procs::raise_nofile(65_536);
+    if let Some((lg, _)) = &pin {
+        procs::pin_current_thread(&[*lg]).context("pinning the load generator")?;
+    }
+    let certs = pki::write(&work.0)?;
+    let load_before = guards::load_average();
+    let started = Instant::now();
+    eprintln!(
+        "konn-bench guards: {} with every guard on vs off, {reps} repetitions, {engine}, load average {load_before}",
+        cfg.only.join(",")
+    );
+    let cells = block_on(Engine::Epoll, compare::run(&cfg, &work.0, &certs))??;
+    let (table, ok) = guards::report(&cells, tolerance / 100.0);
+    let doc = format!(
+        "konn-bench guards at {} ({}), {reps} repetitions, {engine}, {:.0?}; load average {load_before} before, {} after;          throughput criterion: guarded/off ≥ {:.2}\n\n{table}",
+        git_head(),
+        cpu_model(),
+        started.elapsed(),
+        guards::load_average(),
+        1.0 - tolerance / 100.0,
+    );
+    println!("{doc}");
+    if let Some(path) = out {
+        std::fs::write(&path, &doc).with_context(|| format!("writing {}", path.display()))?;
+    }
+    ensure!(ok, "a throughput of the guarded run is below the criterion");
+    Ok(())
 }
 
 fn reverse_main(mut it: impl Iterator<Item = String>) -> Result<()> {
@@ -350,10 +434,12 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut write = None;
     let mut tolerance = 4.0;
     let mut kernel = Vec::new();
+    let mut guarded = false;
     while let Some(a) = it.next() {
         let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
         match a.as_str() {
             "--konn" => konn = Some(PathBuf::from(val("a directory")?)),
+            "--guarded" => guarded = true,
             "--kernel" => {
                 kernel = val("a list of engines")?
                     .split(',')
@@ -394,7 +480,11 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             .is_ok_and(|o| o.status.success()),
         "valgrind is not installed (apt-get install valgrind)"
     );
-    let bins = konn_bins("konn", &konn_dir, Some("epoll"));
+    let mut bins = konn_bins("konn", &konn_dir, Some("epoll"));
+    if guarded {
+        // Issue 17's audit log, limits and allow-list all on.
+        bins = konn_bench::harness::guards::guarded(&bins, &work.0);
+    }
     let started = Instant::now();
     eprintln!("konn-bench icount: {} under callgrind", konn_dir.display());
     let figures = block_on(Engine::Epoll, icount::measure(&bins, &work.0, &certs))??;

@@ -2,11 +2,13 @@
 //! (a proxy-server and a proxy-agent, konn's or upstream's, with the same
 //! flags and certificates), per-process measurements from `/proc`, and the
 //! load generator's pieces ([`dests`], [`load`], [`stats`], [`report`]);
-//! [`multi`] is S10, many clusters on one server.
+//! [`multi`] is S10, many clusters on one server; [`guards`] the cost of
+//! issue 17's audit log and limits.
 
 pub mod agents;
 pub mod compare;
 pub mod dests;
+pub mod guards;
 pub mod icount;
 pub mod load;
 pub mod multi;

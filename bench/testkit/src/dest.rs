@@ -2,6 +2,11 @@
 //! a tiny HTTP/1.1 server, a hashing sink and a pattern source for bulk
 //! transfers, and an address whose connects never complete. Each stops
 //! accepting when dropped.
+//!
+//! Every connection a [`Destination`] served counts the bytes it read and
+//! wrote; when it ends, the pair goes to a process-wide ledger
+//! ([`take_transfers`]): what really crossed the destination's socket, for
+//! tests that compare it with what konn accounted (the audit log).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -10,6 +15,93 @@ use std::time::Duration;
 use crate::{Pattern, Sha256};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// What one destination connection moved, counted at its socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Transfer {
+    /// Bytes read from the client.
+    pub received: u64,
+    /// Bytes written to the client.
+    pub sent: u64,
+}
+
+#[allow(clippy::disallowed_types)] // test tooling: one ledger across the destinations' threads
+static LEDGER: std::sync::Mutex<Vec<Transfer>> = std::sync::Mutex::new(Vec::new());
+
+/// Transfers kept at most between two [`take_transfers`] (16 MiB): a
+/// demo that never takes them does not grow without bound.
+pub const LEDGER_CAP: usize = 1 << 20;
+
+/// The transfers of every destination connection that ended since the last
+/// call (all destinations of the process; tests of one binary run one at a
+/// time, see `fds::serial`), at most [`LEDGER_CAP`].
+pub fn take_transfers() -> Vec<Transfer> {
+    LEDGER
+        .lock()
+        .map(|mut l| std::mem::take(&mut *l))
+        .unwrap_or_default()
+}
+
+/// One connection's counters; the pair goes to the ledger when its last
+/// handle drops.
+#[derive(Default)]
+struct Counts {
+    received: AtomicU64,
+    sent: AtomicU64,
+}
+
+impl Drop for Counts {
+    fn drop(&mut self) {
+        let t = Transfer {
+            received: self.received.load(Ordering::Relaxed),
+            sent: self.sent.load(Ordering::Relaxed),
+        };
+        if let Ok(mut l) = LEDGER.lock()
+            && l.len() < LEDGER_CAP
+        {
+            l.push(t);
+        }
+    }
+}
+
+/// A destination's end of a connection: a `TcpStream` that counts.
+struct Conn {
+    s: TcpStream,
+    counts: Arc<Counts>,
+}
+
+impl Conn {
+    fn try_clone(&self) -> std::io::Result<Self> {
+        Ok(Self {
+            s: self.s.try_clone()?,
+            counts: self.counts.clone(),
+        })
+    }
+
+    fn shutdown(&self, how: std::net::Shutdown) -> std::io::Result<()> {
+        self.s.shutdown(how)
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.s.read(buf)?;
+        self.counts.received.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.s.write(buf)?;
+        self.counts.sent.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.s.flush()
+    }
+}
 
 /// A listening destination; dropping it stops the accept loop.
 pub struct Destination {
@@ -31,7 +123,7 @@ impl Destination {
 
     fn start(
         name: &str,
-        handle: impl Fn(TcpStream) + Send + Sync + Clone + 'static,
+        handle: impl Fn(Conn) + Send + Sync + Clone + 'static,
     ) -> std::io::Result<Self> {
         Self::start_on(name, IpAddr::V4(Ipv4Addr::LOCALHOST), handle)
     }
@@ -39,7 +131,7 @@ impl Destination {
     fn start_on(
         name: &str,
         ip: IpAddr,
-        handle: impl Fn(TcpStream) + Send + Sync + Clone + 'static,
+        handle: impl Fn(Conn) + Send + Sync + Clone + 'static,
     ) -> std::io::Result<Self> {
         let l = TcpListener::bind(SocketAddr::new(ip, 0))?;
         let addr = l.local_addr()?;
@@ -56,9 +148,13 @@ impl Destination {
                     let Ok(s) = s else { continue };
                     served2.fetch_add(1, Ordering::Relaxed);
                     let handle = handle.clone();
+                    let conn = Conn {
+                        s,
+                        counts: Arc::default(),
+                    };
                     let _ = std::thread::Builder::new()
                         .name("dest-conn".into())
-                        .spawn(move || handle(s));
+                        .spawn(move || handle(conn));
                 }
             })?;
         Ok(Self { addr, stop, served })

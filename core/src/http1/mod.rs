@@ -7,7 +7,8 @@
 //!
 //! - **Routing**: a [`Router`] maps paths to plain handlers
 //!   (`Fn(&Request) -> Response`); answers are complete bodies with
-//!   `Content-Length`. GET and HEAD only (see [`router`]).
+//!   `Content-Length`. GET and HEAD only (see [`router`]). State of other
+//!   workers reaches a handler through a [`board::Board`].
 //! - **Head limits**: the head may be [`Config::max_header_bytes`] plus
 //!   4096 bytes long, like Go's server (which lets `MaxHeaderBytes` plus a
 //!   4096-byte read-buffer allowance through); beyond that the answer is Go's
@@ -38,6 +39,7 @@
 //!   so the client's kernel does not reset the connection before it has read
 //!   the answer (Go's `closeWriteAndWait`).
 
+pub mod board;
 mod request;
 pub mod response;
 pub mod router;

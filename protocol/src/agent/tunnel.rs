@@ -159,6 +159,26 @@ struct Flow {
     read_paused: bool,
 }
 
+/// An open endpoint's flow-control state as [`Tunnel::endpoint_flow`]
+/// reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointFlow {
+    /// Bytes from the server queued towards the destination (as reported
+    /// drained so far).
+    pub queued: usize,
+    /// Tunnel credit held back for it.
+    pub withheld: usize,
+    /// The agent sent PAUSE: the destination is behind.
+    pub pause_sent: bool,
+    /// The server sent PAUSE: the destination is not read (its frontend is
+    /// behind).
+    pub read_paused: bool,
+    /// Since when its non-empty queue has not drained.
+    pub stalled_since: Option<Instant>,
+    /// It counts as stuck (closed at the next check).
+    pub stuck: bool,
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Endpoint {
     Dialing { random: i64 },
@@ -301,6 +321,21 @@ impl Tunnel {
     pub fn waits_for_drain(&self, connect_id: i64) -> bool {
         self.flow(connect_id)
             .is_some_and(|f| f.rx.waits_for_drain())
+    }
+
+    /// One endpoint's flow-control state at `now` (for the agent's
+    /// `/debug/connections`); `None` while it is dialling or unknown. Not
+    /// for the packet path.
+    pub fn endpoint_flow(&self, connect_id: i64, now: Instant) -> Option<EndpointFlow> {
+        let f = self.flow(connect_id)?;
+        Some(EndpointFlow {
+            queued: f.rx.queued(),
+            withheld: f.rx.withheld(),
+            pause_sent: f.rx.paused(),
+            read_paused: f.read_paused,
+            stalled_since: f.rx.stalled_since(),
+            stuck: f.rx.is_stuck(&self.cfg.flow, now),
+        })
     }
 
     fn flow(&self, connect_id: i64) -> Option<&Flow> {
@@ -1045,6 +1080,28 @@ mod tests {
         assert!(!acts.iter().any(|a| matches!(a, Action::Write { .. })));
         assert!(acts.contains(&Action::Abort { connect_id: 1 }));
         assert_eq!(released(&acts), 5010 + 11, "all withheld credit comes back");
+    }
+
+    #[test]
+    fn endpoint_flow_shows_queue_pause_and_stuck() {
+        let mut t = flow_tunnel(true);
+        let fresh = t.endpoint_flow(1, at(0)).unwrap();
+        assert_eq!(
+            (fresh.queued, fresh.pause_sent, fresh.stuck),
+            (0, false, false)
+        );
+        data_in(&mut t, at(0), 500);
+        t.server_packet(at(0), Packet::Pause { connect_id: 1 }, 0);
+        actions(&mut t);
+        let f = t.endpoint_flow(1, at(1)).unwrap();
+        assert_eq!(f.queued, 500);
+        assert!(f.pause_sent && f.read_paused && !f.stuck);
+        assert_eq!(f.stalled_since, Some(at(0)));
+        assert!(t.endpoint_flow(1, at(10)).unwrap().stuck);
+        assert_eq!(t.endpoint_flow(9, at(0)), None);
+        // A dial in flight has no flow yet.
+        t.server_packet(at(0), dial_req("tcp", 77), 0);
+        assert_eq!(t.endpoint_flow(2, at(0)), None);
     }
 
     #[test]

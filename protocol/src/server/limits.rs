@@ -22,6 +22,11 @@
 //!   [`Limits::observe_memory`]; above the watermark new dials are refused
 //!   until use falls below the low mark (hysteresis). Established
 //!   connections are never touched.
+//! - **Retuning**: every setting is an atomic, so a reload of the
+//!   cluster's configuration changes them in place
+//!   ([`Limits::reconfigure`]) without touching a connection or losing a
+//!   count. A `Limits` with nothing on admits every dial uncounted (one
+//!   relaxed load), so a cluster may carry one from the start.
 //!
 //! Checks run in a fixed order (overload, then concurrency of agent,
 //! destination, frontend, cluster, then their rates); the first refusal
@@ -31,7 +36,8 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Slots per key class (a power of two).
@@ -108,6 +114,12 @@ impl fmt::Display for Refusal {
     }
 }
 
+/// The end of the DIAL_RSP error a konn agent answers a dial outside its
+/// `--allowed-destination-cidrs` with (after upstream's `dial tcp
+/// <address>: `); the server audits such a dial as refused with
+/// [`Refusal::DestinationNotAllowed`].
+pub const NOT_ALLOWED: &str = "konn: destination not allowed by --allowed-destination-cidrs";
+
 /// The start of every refusal's error text.
 pub const REFUSED_PREFIX: &str = "konn: dial refused: ";
 
@@ -123,6 +135,16 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// The flags' form: `max_conns` connections, `rate` dials per second
+    /// with a burst of `rate` (0: off).
+    pub fn new(max_conns: u32, rate: u32) -> Self {
+        Self {
+            max_conns,
+            rate: f64::from(rate),
+            burst: rate,
+        }
+    }
+
     fn on(&self) -> bool {
         self.max_conns > 0 || self.rate > 0.0
     }
@@ -155,24 +177,66 @@ impl LimitsConfig {
             || self.cluster.on()
             || self.overload_high > 0
     }
+
+    /// Set the overload manager's marks from a watermark given as a
+    /// `fraction` of a memory `budget` (bytes): refused above it, admitted
+    /// again below 90 % of it; 0 switches it off.
+    pub fn set_watermark(&mut self, budget: usize, fraction: f64) {
+        let high = (budget as f64 * fraction) as usize;
+        self.overload_high = high;
+        self.overload_low = high / 10 * 9;
+    }
 }
 
-/// One key class: counters and GCRA state per slot.
+/// One slot of a class: its concurrency counter, GCRA state and refusals.
+#[derive(Default)]
+struct Slot {
+    conns: AtomicU32,
+    /// Theoretical arrival time, nanoseconds since the epoch.
+    tat: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// One key class: its limit (atomics, so a reload can retune it in place:
+/// [`Limits::reconfigure`]) and its slots.
 struct Class {
-    limit: Limit,
+    /// Slots once allocated.
+    size: usize,
+    max_conns: AtomicU32,
+    /// The configured rate (`f64` bits), for [`Limits::config`].
+    rate: AtomicU64,
+    burst: AtomicU32,
     /// GCRA emission interval in nanoseconds (0: no rate).
-    interval: u64,
+    interval: AtomicU64,
     /// How far ahead of `now` the theoretical arrival time may run.
-    tolerance: u64,
-    conns: Box<[AtomicU32]>,
-    tat: Box<[AtomicU64]>,
-    refused: Box<[AtomicU64]>,
+    tolerance: AtomicU64,
+    /// Allocated the first time the class is on (or, for the agent class,
+    /// whenever anything is: its counts are shown per agent), then kept:
+    /// a class switched off still counts, so switching it on again finds
+    /// its counters true.
+    slots: OnceLock<Box<[Slot]>>,
 }
 
 impl Class {
-    /// A class of `slots` slots; none when its limit is off, unless
-    /// `always` (the agent class: its counts are shown per agent).
-    fn new(limit: Limit, slots: usize, always: bool) -> Self {
+    fn new(size: usize) -> Self {
+        Self {
+            size,
+            max_conns: AtomicU32::new(0),
+            rate: AtomicU64::new(0),
+            burst: AtomicU32::new(0),
+            interval: AtomicU64::new(0),
+            tolerance: AtomicU64::new(0),
+            slots: OnceLock::new(),
+        }
+    }
+
+    /// Apply `limit` (allocating the slots if it is on or `always`). A
+    /// changed rate starts every key's bucket full.
+    fn set(&self, limit: Limit, always: bool) {
+        if limit.on() || always {
+            self.slots
+                .get_or_init(|| (0..self.size).map(|_| Slot::default()).collect());
+        }
         let interval = if limit.rate > 0.0 {
             // Saturating float → int conversion: tiny rates get one dial
             // per ~584 years.
@@ -181,76 +245,106 @@ impl Class {
             0
         };
         let burst = u64::from(limit.burst.max(1));
-        let n = if limit.on() || always { slots } else { 0 };
-        Self {
-            limit,
-            interval,
-            tolerance: interval.saturating_mul(burst),
-            conns: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            tat: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            refused: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        let tolerance = interval.saturating_mul(burst);
+        let old = (
+            self.interval.load(Ordering::Relaxed),
+            self.tolerance.load(Ordering::Relaxed),
+        );
+        if old != (interval, tolerance) {
+            for s in self.slots() {
+                s.tat.store(0, Ordering::Relaxed);
+            }
         }
+        self.interval.store(interval, Ordering::Relaxed);
+        self.tolerance.store(tolerance, Ordering::Relaxed);
+        self.rate.store(limit.rate.to_bits(), Ordering::Relaxed);
+        self.burst.store(limit.burst, Ordering::Relaxed);
+        self.max_conns.store(limit.max_conns, Ordering::Relaxed);
+    }
+
+    fn limit(&self) -> Limit {
+        Limit {
+            max_conns: self.max_conns.load(Ordering::Relaxed),
+            rate: f64::from_bits(self.rate.load(Ordering::Relaxed)),
+            burst: self.burst.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The slots (empty until the class was first on).
+    fn slots(&self) -> &[Slot] {
+        self.slots.get().map_or(&[], |s| s)
+    }
+
+    fn slot(&self, i: usize) -> Option<&Slot> {
+        self.slots().get(i)
     }
 
     /// Take one concurrency unit of `slot`; false when at the limit.
     fn acquire(&self, slot: usize) -> bool {
-        let (max, Some(c)) = (self.limit.max_conns, self.conns.get(slot)) else {
+        let Some(s) = self.slot(slot) else {
             return true;
         };
+        let max = self.max_conns.load(Ordering::Relaxed);
         if max == 0 {
-            c.fetch_add(1, Ordering::Relaxed);
+            s.conns.fetch_add(1, Ordering::Relaxed);
             return true;
         }
-        c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < max).then_some(n + 1)
-        })
-        .is_ok()
+        s.conns
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     fn release(&self, slot: usize) {
-        if let Some(c) = self.conns.get(slot) {
+        if let Some(s) = self.slot(slot) {
             // Never below zero, whatever the order of events.
-            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            let _ = s
+                .conns
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         }
     }
 
     /// GCRA: one dial at `t` nanoseconds; false when over the rate.
     fn take_token(&self, slot: usize, t: u64) -> bool {
-        let Some(tat) = self.tat.get(slot) else {
+        let interval = self.interval.load(Ordering::Relaxed);
+        let Some(s) = self.slot(slot).filter(|_| interval > 0) else {
             return true;
         };
-        if self.interval == 0 {
-            return true;
-        }
-        tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
-            let next = old.max(t).saturating_add(self.interval);
-            (next - t <= self.tolerance).then_some(next)
-        })
-        .is_ok()
+        let tolerance = self.tolerance.load(Ordering::Relaxed);
+        s.tat
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                let next = old.max(t).saturating_add(interval);
+                (next - t <= tolerance).then_some(next)
+            })
+            .is_ok()
     }
 
     fn refused(&self, slot: usize) {
-        if let Some(r) = self.refused.get(slot) {
-            r.fetch_add(1, Ordering::Relaxed);
+        if let Some(s) = self.slot(slot) {
+            s.refused.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
 /// The shared admission state of one cluster. See the module docs.
 pub struct Limits {
-    cfg: LimitsConfig,
     epoch: Instant,
+    /// Anything on (else every dial is admitted uncounted).
+    enabled: AtomicBool,
     agent: Class,
     dest: Class,
     frontend: Class,
     cluster: Class,
+    overload_high: AtomicUsize,
+    overload_low: AtomicUsize,
     overloaded: AtomicBool,
 }
 
 impl fmt::Debug for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limits")
-            .field("cfg", &self.cfg)
+            .field("cfg", &self.config())
             .field("overloaded", &self.overloaded())
             .finish_non_exhaustive()
     }
@@ -290,25 +384,57 @@ fn slot(key: &str) -> usize {
 impl Limits {
     /// Limits per `cfg`, their rates on a clock that starts at `epoch`.
     pub fn new(cfg: LimitsConfig, epoch: Instant) -> Self {
-        Self {
-            cfg,
+        let l = Self {
             epoch,
-            agent: Class::new(cfg.agent, SLOTS, true),
-            dest: Class::new(cfg.dest, SLOTS, false),
-            frontend: Class::new(cfg.frontend, SLOTS, false),
-            cluster: Class::new(cfg.cluster, 1, false),
+            enabled: AtomicBool::new(false),
+            agent: Class::new(SLOTS),
+            dest: Class::new(SLOTS),
+            frontend: Class::new(SLOTS),
+            cluster: Class::new(1),
+            overload_high: AtomicUsize::new(0),
+            overload_low: AtomicUsize::new(0),
             overloaded: AtomicBool::new(false),
+        };
+        l.reconfigure(cfg);
+        l
+    }
+
+    /// Retune in place (a reload of the cluster's settings): connections
+    /// keep their permits and the counters stay true for every class that
+    /// was on before; a class switched on counts the dials admitted from
+    /// now on; a changed rate starts with full buckets. Admissions racing
+    /// with it see the old or the new value of each setting.
+    pub fn reconfigure(&self, cfg: LimitsConfig) {
+        let on = cfg.enabled();
+        self.agent.set(cfg.agent, on);
+        self.dest.set(cfg.dest, false);
+        self.frontend.set(cfg.frontend, false);
+        self.cluster.set(cfg.cluster, false);
+        self.overload_high
+            .store(cfg.overload_high, Ordering::Relaxed);
+        self.overload_low.store(cfg.overload_low, Ordering::Relaxed);
+        if cfg.overload_high == 0 {
+            self.overloaded.store(false, Ordering::Relaxed);
+        }
+        self.enabled.store(on, Ordering::Release);
+    }
+
+    /// The settings now.
+    pub fn config(&self) -> LimitsConfig {
+        LimitsConfig {
+            agent: self.agent.limit(),
+            dest: self.dest.limit(),
+            frontend: self.frontend.limit(),
+            cluster: self.cluster.limit(),
+            overload_high: self.overload_high.load(Ordering::Relaxed),
+            overload_low: self.overload_low.load(Ordering::Relaxed),
         }
     }
 
-    /// Fresh counters with the same settings (each cluster has its own).
-    pub fn fresh(&self) -> Self {
-        Self::new(self.cfg, self.epoch)
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &LimitsConfig {
-        &self.cfg
+    /// Whether anything is on (a `Limits` with nothing on admits every
+    /// dial uncounted).
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Acquire)
     }
 
     /// Admit a dial to `agent` for `dest_host` from `frontend` at `now`,
@@ -320,6 +446,9 @@ impl Limits {
         dest_host: &str,
         frontend: &str,
     ) -> Result<Permit, Refusal> {
+        if !self.enabled() {
+            return Ok(Permit::default());
+        }
         let slots = [slot(agent), slot(dest_host), slot(frontend), 0];
         if self.overloaded() {
             self.agent.refused(slots[0]);
@@ -343,7 +472,7 @@ impl Limits {
             held: [None; 4],
         };
         for (i, (class, &s)) in classes.iter().zip(&slots).enumerate() {
-            if class.conns.is_empty() {
+            if class.slots().is_empty() {
                 continue;
             }
             if !class.acquire(s) {
@@ -380,19 +509,25 @@ impl Limits {
     /// Report memory use in bytes; returns whether the server is
     /// overloaded now (above the watermark, or not yet below the low mark).
     pub fn observe_memory(&self, used: usize) -> bool {
-        if self.cfg.overload_high == 0 {
+        let high = self.overload_high.load(Ordering::Relaxed);
+        if high == 0 {
             return false;
         }
         let was = self.overloaded();
         let now = if was {
-            used >= self.cfg.overload_low
+            used >= self.overload_low.load(Ordering::Relaxed)
         } else {
-            used > self.cfg.overload_high
+            used > high
         };
         if now != was {
             self.overloaded.store(now, Ordering::Relaxed);
         }
         now
+    }
+
+    /// The memory watermark in bytes (0: no overload manager).
+    pub fn overload_high(&self) -> usize {
+        self.overload_high.load(Ordering::Relaxed)
     }
 
     /// Whether new dials are refused for memory.
@@ -404,18 +539,12 @@ impl Limits {
     /// refused (by any limit or the overload manager), for
     /// `/debug/backends` (shared with any agent hashed to the same slot).
     pub fn agent_load(&self, agent: &str) -> (u32, u64) {
-        let s = slot(agent);
-        let conns = self
-            .agent
-            .conns
-            .get(s)
-            .map_or(0, |c| c.load(Ordering::Relaxed));
-        let refused = self
-            .agent
-            .refused
-            .get(s)
-            .map_or(0, |c| c.load(Ordering::Relaxed));
-        (conns, refused)
+        self.agent.slot(slot(agent)).map_or((0, 0), |s| {
+            (
+                s.conns.load(Ordering::Relaxed),
+                s.refused.load(Ordering::Relaxed),
+            )
+        })
     }
 }
 
@@ -430,9 +559,19 @@ mod tests {
     }
 
     #[test]
-    fn off_by_default_admits_everything() {
+    fn off_by_default_admits_everything_uncounted() {
         let cfg = LimitsConfig::default();
         assert!(!cfg.enabled());
+        let (l, t) = limits(cfg);
+        assert!(!l.enabled());
+        let permits: Vec<_> = (0..10_000)
+            .map(|_| l.admit(t, "a", "h", "f").unwrap())
+            .collect();
+        assert_eq!(l.agent_load("a"), (0, 0));
+        drop(permits);
+        // The agent class counts whenever anything is on.
+        let mut cfg = LimitsConfig::default();
+        cfg.dest.max_conns = 1_000_000;
         let (l, t) = limits(cfg);
         let permits: Vec<_> = (0..10_000)
             .map(|_| l.admit(t, "a", "h", "f").unwrap())
@@ -440,6 +579,68 @@ mod tests {
         assert_eq!(l.agent_load("a"), (10_000, 0), "counted, not limited");
         drop(permits);
         assert_eq!(l.agent_load("a"), (0, 0));
+    }
+
+    #[test]
+    fn reconfigure_retunes_in_place_and_keeps_the_counts() {
+        let mut cfg = LimitsConfig::default();
+        cfg.agent.max_conns = 1;
+        let (l, t) = limits(cfg);
+        let p1 = l.admit(t, "a", "h", "f").unwrap();
+        assert_eq!(l.admit(t, "a", "h", "f").unwrap_err(), Refusal::AgentConns);
+        // Raised: one more fits, the held one still counts.
+        cfg.agent.max_conns = 2;
+        l.reconfigure(cfg);
+        assert_eq!(l.config(), cfg);
+        let p2 = l.admit(t, "a", "h", "f").unwrap();
+        assert_eq!(l.admit(t, "a", "h", "f").unwrap_err(), Refusal::AgentConns);
+        assert_eq!(l.agent_load("a"), (2, 2));
+        // A class switched on counts what it admits from now on.
+        cfg.dest.max_conns = 1;
+        cfg.agent.max_conns = 0;
+        l.reconfigure(cfg);
+        let p3 = l.admit(t, "a", "h", "f").unwrap();
+        assert_eq!(l.admit(t, "a", "h", "f").unwrap_err(), Refusal::DestConns);
+        drop((p1, p2));
+        assert_eq!(l.admit(t, "a", "h", "f").unwrap_err(), Refusal::DestConns);
+        drop(p3);
+        assert_eq!(l.agent_load("a").0, 0);
+        let p4 = l.admit(t, "a", "h", "f").unwrap();
+        // All off: nothing refused or counted; on again, counts still true.
+        l.reconfigure(LimitsConfig::default());
+        assert!(!l.enabled());
+        let more: Vec<_> = (0..5).map(|_| l.admit(t, "a", "h", "f").unwrap()).collect();
+        l.reconfigure(cfg);
+        assert_eq!(l.admit(t, "a", "h", "f").unwrap_err(), Refusal::DestConns);
+        drop((p4, more));
+        assert!(l.admit(t, "a", "h", "f").is_ok());
+    }
+
+    #[test]
+    fn reconfigure_rates_and_the_watermark() {
+        let mut cfg = LimitsConfig::default();
+        cfg.cluster.rate = 1.0;
+        cfg.cluster.burst = 1;
+        let (l, t) = limits(cfg);
+        assert!(l.admit(t, "a", "h", "f").is_ok());
+        assert_eq!(l.admit(t, "a", "h", "f").unwrap_err(), Refusal::ClusterRate);
+        // A new rate starts with a full bucket.
+        cfg.cluster.rate = 10.0;
+        cfg.cluster.burst = 2;
+        l.reconfigure(cfg);
+        assert!(l.admit(t, "a", "h", "f").is_ok());
+        assert!(l.admit(t, "a", "h", "f").is_ok());
+        assert_eq!(l.admit(t, "a", "h", "f").unwrap_err(), Refusal::ClusterRate);
+        // The overload manager switched off lets dials in at once.
+        cfg.overload_high = 100;
+        cfg.overload_low = 90;
+        l.reconfigure(cfg);
+        assert!(l.observe_memory(101));
+        cfg.overload_high = 0;
+        cfg.overload_low = 0;
+        l.reconfigure(cfg);
+        assert!(!l.overloaded());
+        assert!(!l.observe_memory(usize::MAX));
     }
 
     #[test]

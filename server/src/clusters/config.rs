@@ -18,6 +18,10 @@
 //!   proxyStrategies: [destHost, default]  # default: --proxy-strategies
 //!   backendDialTimeout: 30s               # default: --backend-dial-timeout
 //!   allowedDestinations: ["10.0.0.10:6443"]  # KEP-2025; default: none
+//!   limits:                               # default: the --max-* flags
+//!     maxAgentConnections: 200            # 0: no limit
+//!     maxFrontendDialRate: 50
+//!     overloadMemoryWatermark: 0.8        # of --memory-budget; 0: off
 //! ```
 //!
 //! Rules beyond the types: names and SNI names unique; a frontend is a Unix
@@ -27,6 +31,11 @@
 //! narrow it with `allowedClients`, or an agent of one could join the
 //! other. Files are read (and certificates checked) now, so a reload that
 //! names a missing file is refused whole.
+//!
+//! `limits` (docs/design/limits.md) are the one part a reload changes in
+//! place: they are left out of a cluster's fingerprint, and the reload
+//! retunes the running cluster's shared `Limits` instead of restarting
+//! it (`reload.rs`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -39,6 +48,7 @@ use konn_core::cli::GoDuration;
 use konn_core::io::tls::{PemSource, ServerTls, ServerTlsOptions};
 use konn_core::kube::review::ReviewPolicy;
 use konn_protocol::server::backends::Strategy;
+use konn_protocol::server::limits::{Limit, Limits, LimitsConfig};
 use konn_protocol::server::router::RouterConfig;
 use serde::Deserialize;
 
@@ -104,6 +114,9 @@ pub struct ClusterDefaults {
     /// The Kubernetes client of token reviews (`--kubeconfig` & co.; a
     /// cluster's `token.kubeconfig` replaces the file).
     pub kube: konn_core::kube::KubeSettings,
+    /// `--memory-budget` (a cluster's `overloadMemoryWatermark` is a
+    /// fraction of it).
+    pub memory_budget: usize,
 }
 
 impl Default for ClusterDefaults {
@@ -118,6 +131,7 @@ impl Default for ClusterDefaults {
             tls_min_version: String::new(),
             cipher_suites: Vec::new(),
             kube: konn_core::kube::KubeSettings::new(None),
+            memory_budget: 512 << 20,
         }
     }
 }
@@ -129,7 +143,9 @@ pub struct ClusterSettings {
     pub name: String,
     /// `proxyStrategies`.
     pub strategies: Vec<Strategy>,
-    /// Its router's settings (the reverse allow-list keys included).
+    /// Its router's settings (the reverse allow-list keys included; its
+    /// admission `limits` are always there, possibly all off, so a reload
+    /// can retune them in place).
     pub router: RouterConfig,
     /// Its reverse destinations (KEP-2025).
     pub reverse: ReverseSettings,
@@ -137,8 +153,8 @@ pub struct ClusterSettings {
     pub frontend: FrontendSpec,
     /// Who may join as its agents.
     pub agents: AgentSpec,
-    /// What it was built from: equal fingerprints, nothing to change on a
-    /// reload.
+    /// What it was built from, `limits` aside: equal fingerprints, nothing
+    /// to restart on a reload.
     pub fingerprint: u64,
 }
 
@@ -240,6 +256,40 @@ struct RawCluster {
     reverse_max_per_agent: Option<At<u32>>,
     reverse_dial_rate: Option<At<u32>>,
     reverse_dial_timeout: Option<At<String>>,
+    limits: Option<At<RawLimits>>,
+}
+
+/// A cluster's admission limits: the `--max-*` flags and
+/// `--overload-memory-watermark`, by the same names.
+#[derive(Debug, Clone, PartialEq, Hash, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawLimits {
+    max_agent_connections: Option<At<i64>>,
+    max_agent_dial_rate: Option<At<i64>>,
+    max_destination_connections: Option<At<i64>>,
+    max_destination_dial_rate: Option<At<i64>>,
+    max_frontend_connections: Option<At<i64>>,
+    max_frontend_dial_rate: Option<At<i64>>,
+    max_cluster_connections: Option<At<i64>>,
+    max_cluster_dial_rate: Option<At<i64>>,
+    overload_memory_watermark: Option<At<Fraction>>,
+}
+
+/// A number read as `f64`, compared and hashed by its bits.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(transparent)]
+struct Fraction(f64);
+
+impl PartialEq for Fraction {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Hash for Fraction {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state);
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Hash, Deserialize)]
@@ -486,7 +536,8 @@ impl Checker<'_> {
         };
         let mut router = d.router.clone();
         // Each cluster counts its own dials.
-        router.limits = router.limits.as_ref().map(|l| Arc::new(l.fresh()));
+        let limits = self.limits(f, c.limits.as_ref())?;
+        router.limits = Some(Arc::new(Limits::new(limits, konn_core::io::clock::now())));
         if let Some(t) = &c.backend_dial_timeout {
             router.dial_timeout = self.duration(t, &format!("{f}.backendDialTimeout"))?;
         }
@@ -534,7 +585,12 @@ impl Checker<'_> {
         let mut files = DefaultHasher::new();
         let frontend = self.frontend(&format!("{f}.frontend"), &c.frontend, &mut files)?;
         let agents = self.agents(&format!("{f}.agents"), &c.agents, &mut files)?;
-        c.hash(&mut files);
+        // Limits are retuned in place on a reload, not restarted.
+        RawCluster {
+            limits: None,
+            ..c.clone()
+        }
+        .hash(&mut files);
         Ok(ClusterSettings {
             name,
             strategies,
@@ -544,6 +600,74 @@ impl Checker<'_> {
             agents,
             fingerprint: files.finish(),
         })
+    }
+
+    /// The cluster's admission limits: the flags', with what `limits`
+    /// sets instead.
+    fn limits(&self, f: &str, raw: Option<&At<RawLimits>>) -> Checked<LimitsConfig> {
+        let d = self.defaults;
+        let mut cfg = d
+            .router
+            .limits
+            .as_ref()
+            .map(|l| l.config())
+            .unwrap_or_default();
+        let Some(raw) = raw else { return Ok(cfg) };
+        let l = &raw.value;
+        let classes = [
+            (
+                &mut cfg.agent,
+                ("maxAgentConnections", &l.max_agent_connections),
+                ("maxAgentDialRate", &l.max_agent_dial_rate),
+            ),
+            (
+                &mut cfg.dest,
+                ("maxDestinationConnections", &l.max_destination_connections),
+                ("maxDestinationDialRate", &l.max_destination_dial_rate),
+            ),
+            (
+                &mut cfg.frontend,
+                ("maxFrontendConnections", &l.max_frontend_connections),
+                ("maxFrontendDialRate", &l.max_frontend_dial_rate),
+            ),
+            (
+                &mut cfg.cluster,
+                ("maxClusterConnections", &l.max_cluster_connections),
+                ("maxClusterDialRate", &l.max_cluster_dial_rate),
+            ),
+        ];
+        // What the flags accept: 0 (off) to u32::MAX.
+        let count = |(name, n): (&str, &Option<At<i64>>)| -> Checked<Option<u32>> {
+            let Some(n) = n else { return Ok(None) };
+            match u32::try_from(n.value) {
+                Ok(v) => Ok(Some(v)),
+                Err(_) => self.err(
+                    pos(n),
+                    &format!("{f}.limits.{name}"),
+                    format!("{}: must be between 0 (no limit) and {}", n.value, u32::MAX),
+                ),
+            }
+        };
+        for (limit, conns, rate) in classes {
+            if let Some(n) = count(conns)? {
+                limit.max_conns = n;
+            }
+            if let Some(r) = count(rate)? {
+                *limit = Limit::new(limit.max_conns, r);
+            }
+        }
+        if let Some(w) = &l.overload_memory_watermark {
+            let fraction = w.value.0;
+            if !(0.0..=1.0).contains(&fraction) {
+                return self.err(
+                    pos(w),
+                    &format!("{f}.limits.overloadMemoryWatermark"),
+                    format!("{fraction}: must be a fraction of --memory-budget from 0 (off) to 1"),
+                );
+            }
+            cfg.set_watermark(d.memory_budget, fraction);
+        }
+        Ok(cfg)
     }
 
     fn frontend(

@@ -13,6 +13,9 @@
 //!   closed, on every worker;
 //! - a changed cluster is removed and added again under a new id (its own
 //!   connections restart with the new settings);
+//! - a cluster whose admission `limits` alone changed is retuned in place
+//!   (`Limits::reconfigure` on the limits its routers share): nothing
+//!   restarts, counts stay true;
 //! - everything new is bound *before* anything is removed, so a listener
 //!   that cannot bind refuses the reload whole and nothing changes.
 //!
@@ -150,12 +153,17 @@ pub struct ReloadSummary {
     pub changed: Vec<String>,
     /// Clusters no longer in the file.
     pub removed: Vec<String>,
+    /// Clusters whose admission limits alone changed (retuned in place).
+    pub retuned: Vec<String>,
 }
 
 impl ReloadSummary {
     /// Nothing changed.
     pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+        self.added.is_empty()
+            && self.changed.is_empty()
+            && self.removed.is_empty()
+            && self.retuned.is_empty()
     }
 }
 
@@ -311,6 +319,7 @@ impl Control {
                 added = ?s.added,
                 changed = ?s.changed,
                 removed = ?s.removed,
+                retuned = ?s.retuned,
                 "clusters config reloaded"
             ),
             Err(e) => {
@@ -328,10 +337,21 @@ impl Control {
     pub fn apply(&mut self, clusters: Vec<ClusterSettings>) -> Result<ReloadSummary, Error> {
         let mut summary = ReloadSummary::default();
         let mut fresh = Vec::new();
+        let mut retune = Vec::new();
         let names: Vec<String> = clusters.iter().map(|c| c.name.clone()).collect();
         for c in clusters {
             match self.running.get(&c.name) {
-                Some(r) if r.fingerprint == c.fingerprint => {}
+                Some(r) if r.fingerprint == c.fingerprint => {
+                    // Only its limits may differ: retuned in place (below),
+                    // on the `Limits` every worker's router of it shares.
+                    if let (Some(old), Some(new)) =
+                        (&r.start.settings.router.limits, &c.router.limits)
+                        && old.config() != new.config()
+                    {
+                        summary.retuned.push(c.name.clone());
+                        retune.push((old.clone(), new.config()));
+                    }
+                }
                 Some(_) => {
                     summary.changed.push(c.name.clone());
                     fresh.push(c);
@@ -353,6 +373,9 @@ impl Control {
         for c in fresh {
             let fingerprint = c.fingerprint;
             prepared.push((self.prepare(c)?, fingerprint));
+        }
+        for (limits, cfg) in retune {
+            limits.reconfigure(cfg);
         }
         let new_paths: Vec<PathBuf> = prepared
             .iter()

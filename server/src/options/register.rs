@@ -276,7 +276,7 @@ impl ServerFlags {
             (
                 "max-frontend-connections",
                 l.frontend_connections,
-                "connections (and dials in flight) per frontend identity (a client certificate's subject; one identity for frontends on the Unix socket)",
+                "connections (and dials in flight) per frontend identity (the user id of a Unix-socket client, the CN of a TCP client's certificate)",
             ),
             (
                 "max-frontend-dial-rate",

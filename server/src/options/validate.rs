@@ -339,21 +339,17 @@ impl ServerFlags {
                  (off) to 1"
             )));
         }
-        let limit = |conns: u32, rate: u32| Limit {
-            max_conns: conns,
-            rate: f64::from(rate),
-            burst: rate,
-        };
+        let limit = Limit::new;
         let [ac, ar, dc, dr, fc, fr, cc, cr] = v;
-        let high = (memory_budget as f64 * f64::from(w)) as usize;
-        Ok(LimitsConfig {
+        let mut cfg = LimitsConfig {
             agent: limit(ac, ar),
             dest: limit(dc, dr),
             frontend: limit(fc, fr),
             cluster: limit(cc, cr),
-            overload_high: high,
-            overload_low: high / 10 * 9,
-        })
+            ..LimitsConfig::default()
+        };
+        cfg.set_watermark(memory_budget, f64::from(w));
+        Ok(cfg)
     }
 }
 

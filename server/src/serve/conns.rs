@@ -218,16 +218,24 @@ trait Movable: Split + AsyncReadRent + AsyncWriteRent + ReadReady + Sized + 'sta
     /// Detach for a move; on failure the socket comes back, to be served
     /// where it is.
     fn detach(self) -> Result<MovingFd, (Self, Error)>;
-    /// The peer, for the audit log.
-    fn peer(&self) -> Option<Arc<str>>;
+    /// The peer, for the audit log and (with `identity`) the per-frontend
+    /// limits; `tls` is the connection's TLS state so far (a moved
+    /// connection's names its client already).
+    fn who(&self, tls: Option<&TlsLayer>, identity: bool) -> Who;
 }
 
 impl Movable for TcpStream {
     fn detach(self) -> Result<MovingFd, (Self, Error)> {
         detach_tcp(self).map(MovingFd::Tcp)
     }
-    fn peer(&self) -> Option<Arc<str>> {
-        crate::accounting::tcp_peer(self.peer_addr().ok(), None)
+    fn who(&self, tls: Option<&TlsLayer>, identity: bool) -> Who {
+        let addr = self.peer_addr().ok();
+        match tls {
+            Some(t) if !t.is_handshaking() => {
+                Who::Known(crate::accounting::tcp_peer(addr, Some(t), identity))
+            }
+            _ => Who::Tcp(addr, identity),
+        }
     }
 }
 
@@ -235,8 +243,11 @@ impl Movable for UnixStream {
     fn detach(self) -> Result<MovingFd, (Self, Error)> {
         detach_unix(self).map(MovingFd::Unix)
     }
-    fn peer(&self) -> Option<Arc<str>> {
-        crate::accounting::unix_peer(std::os::fd::AsRawFd::as_raw_fd(self))
+    fn who(&self, _tls: Option<&TlsLayer>, identity: bool) -> Who {
+        Who::Known(crate::accounting::unix_peer(
+            std::os::fd::AsRawFd::as_raw_fd(self),
+            identity,
+        ))
     }
 }
 
@@ -265,7 +276,7 @@ fn run_grpc_frontend<IO: Movable>(
         outbox.clone(),
         plan.clone(),
     );
-    handler.set_peer(io.peer());
+    handler.set_peer(io.who(tls.as_ref(), crate::accounting::wants_identity(&cluster)));
     let (handle, replay) = match resumed {
         Some((input, moved)) => {
             handler.adopt(&moved.streams);
@@ -280,7 +291,8 @@ fn run_grpc_frontend<IO: Movable>(
     };
     // The driver's own detach flag is the one the handler sets.
     let flag = handle.detach_flag();
-    let _ = handle.with(|_, h| h.set_detach_flag(flag));
+    let weak = handle.downgrade();
+    let _ = handle.with(|_, h| h.set_driver(flag, weak));
     install_poke(&outbox, &handle);
     let id = register(&worker, &cluster, &handle);
     if !replay.is_empty() {

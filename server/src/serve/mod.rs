@@ -53,8 +53,8 @@ use crate::cluster::{Cluster, ClusterId};
 pub use crate::clusters::reload::{ClusterListeners, ClusterStart};
 use crate::clusters::reload::{Control, ReloadSummary, WATCH_INTERVAL, Watcher};
 use crate::connect::{Head, Sock, Wire, read_head, serve_connect};
-use crate::frontend::{FrontendConn, Plan};
-use crate::health::{BackendIdentifiers, BackendInfo, ClusterBackends};
+use crate::frontend::{FrontendConn, Plan, Who};
+use crate::health::{BackendIdentifiers, BackendInfo, ClusterBackends, LimitsInfo};
 use crate::metrics::{ServerMetrics, Strategy as MetricStrategy};
 use crate::settings::{Mode, ServerSettings};
 use crate::worker::{Msg, Outbox, Shared, Stop, Worker};
@@ -667,10 +667,16 @@ fn backend_infos(cluster: &Cluster) -> Vec<BackendInfo> {
                 connections_open: open,
                 connections_pending: pending,
                 worker: e.core,
-                limits: cluster.settings.router.limits.as_ref().map(|l| {
-                    let (counted, refused) = l.agent_load(&e.agent_id);
-                    (u64::from(counted), refused)
-                }),
+                limits: cluster
+                    .settings
+                    .router
+                    .limits
+                    .as_ref()
+                    .filter(|l| l.enabled())
+                    .map(|l| {
+                        let (counted, refused) = l.agent_load(&e.agent_id);
+                        (u64::from(counted), refused)
+                    }),
             }
         })
         .collect()
@@ -727,8 +733,26 @@ impl crate::health::ClustersView for WorkerView {
             .map(|c| ClusterBackends {
                 name: c.name().to_owned(),
                 agents: backend_infos(c),
+                limits: LimitsInfo::of(c.settings.router.limits.as_deref()),
             })
             .collect()
+    }
+}
+
+/// `/debug/backends` without `--clusters-config`: the one cluster.
+struct FirstCluster(Rc<Worker>);
+
+impl crate::health::BackendsSource for FirstCluster {
+    fn backends(&self) -> Vec<BackendInfo> {
+        self.0
+            .first_cluster()
+            .map(|c| backend_infos(&c))
+            .unwrap_or_default()
+    }
+
+    fn limits(&self) -> Option<LimitsInfo> {
+        let c = self.0.first_cluster()?;
+        LimitsInfo::of(c.settings.router.limits.as_deref())
     }
 }
 
@@ -772,13 +796,7 @@ fn serve_http(worker: &Rc<Worker>, listeners: &Listeners, stop: &StopToken) {
         let router = if multi {
             crate::health::admin_router_clusters(view, profiling)
         } else {
-            let w = worker.clone();
-            let backends = move || {
-                w.first_cluster()
-                    .map(|c| backend_infos(&c))
-                    .unwrap_or_default()
-            };
-            crate::health::admin_router(registry, backends, profiling)
+            crate::health::admin_router(registry, FirstCluster(worker.clone()), profiling)
         };
         let w = worker.clone();
         let router = router.route("/debug/connections", move |req| {

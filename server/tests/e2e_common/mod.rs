@@ -351,6 +351,33 @@ pub fn audit_to<'a>(path: PathBuf) -> Tweak<'a> {
     })
 }
 
+/// [`audit_to`] and then `more`.
+pub fn audit_and<'a>(path: PathBuf, more: impl FnOnce(&mut ServerSettings) + 'a) -> Tweak<'a> {
+    let log = audit_to(path);
+    Box::new(move |s| {
+        log(s);
+        more(s);
+    })
+}
+
+/// The audit records at `path` as `result/reason` words, sorted.
+pub fn audited_outcomes(path: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            Some(format!(
+                "{}/{}",
+                v["result"].as_str()?,
+                v["reason"].as_str()?
+            ))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// With every connection closed: the audit log at `path` holds exactly one
 /// record per ended connection or dial (`konn_connections_ended_total`),
 /// with one `closed` record per connection established (counted apart, by
@@ -394,6 +421,45 @@ pub fn assert_audited(server: &TestServer, path: &Path, what: &str) {
         metric(&text(), "konn_audit_records_dropped_total"),
         Some(0.0)
     );
+}
+
+/// [`assert_audited`], and the bytes: the `closed` records' payload bytes
+/// each way are, as a multiset, exactly what the destinations' sockets
+/// counted for the connections of this scenario
+/// (`konn_testkit::dest::take_transfers`; call that at the scenario's start
+/// to forget earlier ones, and this after [`assert_idle`], when every
+/// destination connection ended). For scenarios whose connections all end
+/// cleanly (each side read what the other sent); connections that moved
+/// nothing either way are left out of both sides (a dial cancelled after
+/// the agent connected leaves one at the destination and none closed).
+pub fn assert_audited_bytes(server: &TestServer, path: &Path, what: &str) {
+    assert_audited(server, path, what);
+    let records = std::fs::read_to_string(path).unwrap_or_default();
+    let mut audited: Vec<(u64, u64)> = records
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            (v["result"] == "closed").then(|| {
+                (
+                    v["bytes_to_agent"].as_u64().unwrap_or(u64::MAX),
+                    v["bytes_from_agent"].as_u64().unwrap_or(u64::MAX),
+                )
+            })
+        })
+        .filter(|b| *b != (0, 0))
+        .collect();
+    let mut counted: Vec<(u64, u64)> = konn_testkit::dest::take_transfers()
+        .into_iter()
+        .map(|t| (t.received, t.sent))
+        .filter(|b| *b != (0, 0))
+        .collect();
+    audited.sort_unstable();
+    counted.sort_unstable();
+    assert_eq!(
+        audited, counted,
+        "{what}: audited bytes (to, from the destination) differ from what the destinations counted"
+    );
+    assert!(!audited.is_empty(), "{what}: no bytes audited at all");
 }
 
 /// Waits until `server` holds `n` agent tunnels, or panics.

@@ -10,14 +10,14 @@
 //! path. A frontend that never dialled leaves nothing; a refused or failed
 //! dial leaves one summary, as an established connection does.
 //!
-//! **One refusal path.** A dial the server turns down carries a short
-//! machine `reason` into its summary ([`ConnResult::Refused`]): the
-//! router's own are `no_backend`, `too_many_pending` and `dial_id_in_use`;
-//! a refusal decided outside the router (limits, overload: `limit_…`)
-//! goes through [`Router::refuse_dial`] with the error text the frontend
-//! gets and its reason, and is answered as a dial over the pending-dial
-//! limit is (an error DIAL_RSP, or upstream's 502 for CONNECT), counted in
-//! `dial_failure_count` and audited like the router's own.
+//! **Refusals.** A dial the server turns down carries a short machine
+//! `reason` into its summary ([`ConnResult::Refused`]): `no_backend`,
+//! `too_many_pending`, `dial_id_in_use`, or an admission limit's
+//! ([`Refusal::as_str`](crate::server::limits::Refusal::as_str):
+//! `limit_…`, `overload`, decided in `Router::dial`, also reported as
+//! [`Action::DialRefused`]). A konn agent's allow-list refusal arrives as a
+//! DIAL_RSP error and is summarised as refused too
+//! (`destination_not_allowed`, closed by the agent).
 
 use std::sync::Arc;
 
@@ -184,31 +184,6 @@ impl Router {
         if let Some(f) = self.frontends.get_mut(&id) {
             f.account.peer = Some(peer);
         }
-    }
-
-    /// Refuse dial `dial` of frontend `id` for `address` at `now` with
-    /// `error` (the text the frontend gets) and `reason` (the audit log's
-    /// and `dial_failure_count`'s word): the one refusal path of the module
-    /// docs, also for refusals decided outside the router.
-    pub fn refuse_dial(
-        &mut self,
-        now: Instant,
-        id: FrontendId,
-        address: &str,
-        dial: i64,
-        error: &str,
-        reason: &'static str,
-    ) {
-        if !self.frontends.contains_key(&id) {
-            return;
-        }
-        self.account_dial(now, id, address);
-        if let Some(a) = self.account(id) {
-            a.end(ConnResult::Refused, reason, Side::Server);
-        }
-        self.actions
-            .push_back(Action::DialFailed(DialFailure::NoAgent));
-        self.fail_dial(id, dial, error, DialFail::Error);
     }
 
     /// A frontend left the router for good: its summary, if it dialled.

@@ -347,7 +347,13 @@ impl Router {
         if let Some(a) = self.account(fid)
             && (!error.is_empty() || connect_id == 0)
         {
-            a.end(ConnResult::Failed, "dial_failed", Side::Agent);
+            // A konn agent's allow-list refusal is audited as a refusal.
+            if error.ends_with(crate::server::limits::NOT_ALLOWED) {
+                let reason = Refusal::DestinationNotAllowed.as_str();
+                a.end(ConnResult::Refused, reason, Side::Agent);
+            } else {
+                a.end(ConnResult::Failed, "dial_failed", Side::Agent);
+            }
         }
         if !error.is_empty() {
             self.actions

@@ -14,11 +14,13 @@ impl Router {
         self.frontends.insert(id, Frontend::new(kind));
     }
 
-    /// Name the client of a frontend for the per-frontend limits (the
-    /// IO layer's identity: a client certificate's subject, …).
-    pub fn set_frontend_identity(&mut self, id: FrontendId, identity: &str) {
+    /// Name the client of a frontend for the per-frontend limits: the IO
+    /// layer's identity (the server's: `uid=…` of a Unix-socket peer,
+    /// `cn=…` of a client certificate), shared by the streams of one
+    /// connection. A frontend without one counts as the empty identity.
+    pub fn set_frontend_identity(&mut self, id: FrontendId, identity: Arc<str>) {
         if let Some(f) = self.frontends.get_mut(&id) {
-            f.identity = identity.into();
+            f.identity = Some(identity);
         }
     }
 
@@ -324,7 +326,10 @@ impl Router {
                 now,
                 &entry.agent_id,
                 dest_host(address),
-                self.frontends.get(&id).map_or("", |f| &f.identity),
+                self.frontends
+                    .get(&id)
+                    .and_then(|f| f.identity.as_deref())
+                    .unwrap_or(""),
             ),
         };
         let permit = match admitted {

@@ -366,9 +366,9 @@ struct Frontend {
     paused: bool,
     /// Frontend credit held while paused.
     held: usize,
-    /// The client's identity for the per-frontend limits (empty: not
-    /// authenticated).
-    identity: Box<str>,
+    /// The client's identity for the per-frontend limits
+    /// ([`Router::set_frontend_identity`]; `None`: the empty identity).
+    identity: Option<Arc<str>>,
     /// Admission permits of its established connections (released when
     /// they are all closed or the frontend goes).
     permits: Vec<Permit>,
@@ -389,7 +389,7 @@ impl Frontend {
             rx_backend: None,
             paused: false,
             held: 0,
-            identity: Box::default(),
+            identity: None,
             permits: Vec::new(),
             account: Account::default(),
         }

@@ -1572,7 +1572,7 @@ fn frontend_identity_limit_and_overload() {
         (12, "apiserver-b"),
     ] {
         r.frontend_opened(fid, FrontendKind::Grpc);
-        r.set_frontend_identity(fid, who);
+        r.set_frontend_identity(fid, who.into());
     }
     from_frontend(&mut r, t0(), 10, dial_req(1));
     from_frontend(&mut r, t0(), 11, dial_req(2));
@@ -1708,6 +1708,24 @@ fn refusals_and_failures_leave_one_summary_with_a_reason() {
         (s[0].result, s[0].reason, s[0].closed_by),
         (ConnResult::Failed, "dial_failed", Side::Agent)
     );
+    // The agent's allow-list refusal.
+    r.frontend_opened(15, FrontendKind::Grpc);
+    from_frontend(&mut r, t0(), 15, dial_req(5));
+    let not_allowed = Packet::DialRsp {
+        error: ByteStr::from(format!(
+            "dial tcp 10.0.0.5:10250: {}",
+            crate::server::limits::NOT_ALLOWED
+        )),
+        connect_id: 0,
+        random: 5,
+    };
+    from_backend(&mut r, t0(), 1, not_allowed);
+    r.frontend_gone(15);
+    let s = summaries(&actions(&mut r));
+    assert_eq!(
+        (s[0].result, s[0].reason, s[0].closed_by),
+        (ConnResult::Refused, "destination_not_allowed", Side::Agent)
+    );
     // A timeout.
     r.frontend_opened(12, FrontendKind::HttpConnect);
     r.connect_request(t0(), 12, "10.0.0.5:1", 3, 0);
@@ -1726,18 +1744,31 @@ fn refusals_and_failures_leave_one_summary_with_a_reason() {
         (s[0].result, s[0].reason, s[0].closed_by),
         (ConnResult::Cancelled, "frontend_close", Side::Frontend)
     );
-    // A refusal decided outside the router.
-    r.frontend_opened(14, FrontendKind::HttpConnect);
-    r.refuse_dial(t0(), 14, "10.0.0.9:443", 5, "limit reached", "limit_test");
-    let acts = actions(&mut r);
+    // A refusal by the admission limits (here the overload manager): 503
+    // for CONNECT, one summary with the limit's reason.
+    let (mut l, limits) = limited(crate::server::limits::LimitsConfig {
+        overload_high: 10,
+        overload_low: 5,
+        ..Default::default()
+    });
+    with_agent(&mut l, 1);
+    assert!(limits.observe_memory(11));
+    l.frontend_opened(14, FrontendKind::HttpConnect);
+    l.connect_request(t0(), 14, "10.0.0.9:443", 5, 0);
+    let acts = actions(&mut l);
     assert!(
         acts.iter()
             .any(|a| matches!(a, Action::ConnectFailed { frontend: 14, .. }))
     );
     let s = summaries(&acts);
     assert_eq!(
-        (s[0].result, s[0].reason, &*s[0].destination),
-        (ConnResult::Refused, "limit_test", "10.0.0.9:443")
+        (s[0].result, s[0].reason, s[0].closed_by, &*s[0].destination),
+        (
+            ConnResult::Refused,
+            "overload",
+            Side::Server,
+            "10.0.0.9:443"
+        )
     );
     // A frontend that never dialled leaves nothing.
     r.frontend_opened(15, FrontendKind::Grpc);

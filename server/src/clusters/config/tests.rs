@@ -249,3 +249,114 @@ fn yaml_paths_follow_keys_and_list_items() {
     assert_eq!(yaml_path(text, 1, 1), "clusters");
     assert_eq!(yaml_path(text, 99, 1), "");
 }
+
+#[test]
+fn limits_default_to_the_flags_and_are_set_per_cluster() {
+    let fx = Fixture::new();
+    let flags = LimitsConfig {
+        agent: Limit::new(7, 0),
+        dest: Limit::new(0, 3),
+        ..LimitsConfig::default()
+    };
+    let defaults = ClusterDefaults {
+        router: RouterConfig {
+            limits: Some(Arc::new(Limits::new(flags, konn_core::io::clock::now()))),
+            ..RouterConfig::default()
+        },
+        memory_budget: 1000,
+        ..ClusterDefaults::default()
+    };
+    let limited = "  limits:\n    maxAgentConnections: 0\n    maxAgentDialRate: 5\n    maxDestinationConnections: 9\n    maxFrontendConnections: 2\n    maxFrontendDialRate: 4\n    maxClusterConnections: 100\n    maxClusterDialRate: 50\n    overloadMemoryWatermark: 0.5\n";
+    let text = format!(
+        "clusters:\n{}{}",
+        fx.cluster("a", &fx.a, limited),
+        fx.cluster("b", &fx.b, "")
+    );
+    let got = parse(Path::new("clusters.yaml"), &text, &defaults).unwrap();
+    let cfg = |i: usize| got[i].router.limits.as_ref().unwrap().config();
+    assert_eq!(
+        cfg(0),
+        LimitsConfig {
+            agent: Limit::new(0, 5),
+            dest: Limit::new(9, 3),
+            frontend: Limit::new(2, 4),
+            cluster: Limit::new(100, 50),
+            overload_high: 500,
+            overload_low: 450,
+        }
+    );
+    assert_eq!(cfg(1), flags, "b: the flags");
+    // Each cluster counts apart.
+    assert!(!Arc::ptr_eq(
+        got[1].router.limits.as_ref().unwrap(),
+        defaults.router.limits.as_ref().unwrap()
+    ));
+    // Without any limit, a cluster still has its (all off) limits, so a
+    // reload can switch them on in place.
+    let plain = fx
+        .parse(&format!("clusters:\n{}", fx.cluster("b", &fx.b, "")))
+        .unwrap();
+    let l = plain[0].router.limits.as_ref().unwrap();
+    assert!(!l.enabled());
+    // Limits are not part of the fingerprint: a reload retunes them.
+    let retuned = text.replace("maxAgentDialRate: 5", "maxAgentDialRate: 6");
+    let again = parse(Path::new("clusters.yaml"), &retuned, &defaults).unwrap();
+    assert_eq!(again[0].fingerprint, got[0].fingerprint);
+    assert_eq!(
+        again[0].router.limits.as_ref().unwrap().config().agent,
+        Limit::new(0, 6)
+    );
+}
+
+#[test]
+fn limit_errors_name_the_field() {
+    let fx = Fixture::new();
+    let with = |limits: &str| {
+        format!(
+            "clusters:\n{}",
+            fx.cluster("a", &fx.a, &format!("  limits:\n{limits}"))
+        )
+    };
+    expect_error(
+        &fx,
+        &with("    maxAgentConnections: -1\n"),
+        11,
+        "clusters[0].limits.maxAgentConnections",
+        "-1: must be between 0 (no limit) and 4294967295",
+    );
+    expect_error(
+        &fx,
+        &with("    maxClusterDialRate: 5000000000\n"),
+        11,
+        "clusters[0].limits.maxClusterDialRate",
+        "5000000000: must be between 0 (no limit) and 4294967295",
+    );
+    expect_error(
+        &fx,
+        &with("    maxAgentConnections: 1\n    overloadMemoryWatermark: 1.5\n"),
+        12,
+        "clusters[0].limits.overloadMemoryWatermark",
+        "must be a fraction of --memory-budget from 0 (off) to 1",
+    );
+    expect_error(
+        &fx,
+        &with("    overloadMemoryWatermark: .nan\n"),
+        11,
+        "clusters[0].limits.overloadMemoryWatermark",
+        "must be a fraction",
+    );
+    expect_error(
+        &fx,
+        &with("    maxAgentConnection: 1\n"),
+        11,
+        "clusters[0].limits.maxAgentConnection",
+        "unknown field",
+    );
+    expect_error(
+        &fx,
+        &with("    maxFrontendDialRate: fast\n"),
+        11,
+        "clusters[0].limits.maxFrontendDialRate",
+        "invalid",
+    );
+}
