@@ -174,7 +174,9 @@ pub(crate) enum Closed {
     Ended,
 }
 
-/// The most recently closed stream ids (bounded).
+/// The most recently closed stream ids (bounded). It grows as streams
+/// close, up to `cap`: a connection that closes one stream (a
+/// kube-apiserver dial) holds one entry, not `cap`.
 #[derive(Debug)]
 pub(crate) struct ClosedRing {
     ids: VecDeque<(u32, Closed)>,
@@ -184,7 +186,7 @@ pub(crate) struct ClosedRing {
 impl ClosedRing {
     pub(crate) fn new(cap: usize) -> Self {
         Self {
-            ids: VecDeque::with_capacity(cap),
+            ids: VecDeque::new(),
             cap,
         }
     }
