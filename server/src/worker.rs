@@ -119,6 +119,15 @@ impl Outbox {
         }
     }
 
+    /// Give back the queue's capacity if it is empty (an idle
+    /// connection).
+    pub fn release_idle(&self) {
+        let mut items = self.items.borrow_mut();
+        if items.is_empty() {
+            *items = VecDeque::new();
+        }
+    }
+
     /// Forget the poke (the connection is gone) and what is queued.
     pub fn close(&self) {
         self.poke.borrow_mut().take();

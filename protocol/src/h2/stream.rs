@@ -12,7 +12,7 @@
 //! apart from frames on never-opened ids (RFC 9113 §5.1: ignore frames after
 //! our RST_STREAM, STREAM_CLOSED for frames after a normal close).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use bytes::Bytes;
@@ -158,8 +158,8 @@ impl Hasher for IdHasher {
     }
 }
 
-/// Stream table.
-pub(crate) type StreamMap = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
+/// Stream table: a kube-apiserver dial's connection holds one stream.
+pub(crate) type StreamMap = crate::maps::SmallMap<u32, Stream, BuildHasherDefault<IdHasher>>;
 
 /// How a remembered stream was closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -905,6 +905,8 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             if let Some(t) = self.tls.borrow_mut().as_mut() {
                 t.release_idle();
             }
+            self.session.borrow_mut().release_idle();
+            self.handler.borrow_mut().release_idle();
         }
         if self.write_deadline.get().is_some_and(|d| now >= d) {
             self.finish(Some(Error::WriteTimeout(self.cfg.write_timeout)));

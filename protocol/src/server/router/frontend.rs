@@ -388,7 +388,7 @@ impl Router {
         f.backend = Some(backend);
         f.account.backend = Some(backend);
         f.account.agent_id = Some(agent_id);
-        f.pending.push(dial);
+        push_one(&mut f.pending, dial);
         b.pending.insert(dial);
         self.pending.insert(
             dial,

@@ -376,6 +376,17 @@ struct Frontend {
     account: Account,
 }
 
+/// Pushes onto one of a frontend's lists, which almost always hold one
+/// item (one dial per kube-apiserver connection): the first push reserves
+/// room for exactly one, not the four a `Vec` starts with (a `Permit` list
+/// of four is 288 bytes per frontend).
+pub(super) fn push_one<T>(v: &mut Vec<T>, item: T) {
+    if v.capacity() == 0 {
+        v.reserve_exact(1);
+    }
+    v.push(item);
+}
+
 impl Frontend {
     fn new(kind: FrontendKind) -> Self {
         Self {
