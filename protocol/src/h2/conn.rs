@@ -177,13 +177,15 @@ pub struct Connection {
     local_active: usize,
     conn_recv: RecvWindow,
     conn_send: SendWindow,
-    block: Option<PartialBlock>,
+    /// Boxed: rare (a header block split over CONTINUATION frames).
+    block: Option<Box<PartialBlock>>,
     control: VecDeque<Control>,
     /// Streams with something to send.
     ready: VecDeque<u32>,
     events: VecDeque<Event>,
     pings: Pings,
-    bdp: Option<Bdp>,
+    /// Boxed: only with `Config::bdp_limit` (off in konn's binaries).
+    bdp: Option<Box<Bdp>>,
     empty_frames: u32,
     remote_resets: TokenBucket,
     local_resets: TokenBucket,
@@ -234,7 +236,7 @@ impl Connection {
             Role::Client => 1,
             Role::Server => 2,
         };
-        let bdp = cfg.bdp_limit.map(Bdp::new);
+        let bdp = cfg.bdp_limit.map(|l| Box::new(Bdp::new(l)));
         let mut encoder = hpack::Encoder::new();
         // Most connections send one header block each way (a dial's
         // response, an agent's Connect): no dynamic table for those.

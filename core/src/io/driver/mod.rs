@@ -179,14 +179,15 @@ pub struct Conn<S, H> {
     /// waiting when `closing` fired (a `Notify` holds one wake-up only).
     reader_stopped: Cell<bool>,
     closed: Cell<bool>,
-    error: RefCell<Option<Error>>,
+    /// Boxed, as the cold fields below: only a failing connection has one.
+    error: RefCell<Option<Box<Error>>>,
     cfg: DriverConfig,
     /// Stop at the next quiescent point and hand the connection over
     /// (see [`ConnHandle::run_detachable`]).
     detach: Rc<Cell<bool>>,
     /// Input already read, for a resumed connection: (raw or ciphertext,
     /// plaintext).
-    initial_input: RefCell<Option<(BytesMut, BytesMut)>>,
+    initial_input: RefCell<Option<Box<(BytesMut, BytesMut)>>>,
 }
 
 /// A connection stopped by [`ConnHandle::run_detachable`] between two
@@ -282,7 +283,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         cfg: DriverConfig,
     ) -> Self {
         let h = Self::new(session, tls, handler, cfg);
-        *h.0.initial_input.borrow_mut() = Some(input);
+        *h.0.initial_input.borrow_mut() = Some(Box::new(input));
         h
     }
 
@@ -421,13 +422,13 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
                 .error
                 .borrow_mut()
                 .take()
-                .unwrap_or(Error::ConnectionClosed));
+                .map_or(Error::ConnectionClosed, |e| *e));
         }
         self.0.finish(read_result.err());
         let write_result = writer.await;
         self.0.finish(write_result.err());
         self.0.deadline.set(None);
-        let err = self.0.error.borrow_mut().take();
+        let err = self.0.error.borrow_mut().take().map(|e| *e);
         {
             let mut session = self.0.session.borrow_mut();
             self.0
@@ -531,7 +532,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
     /// Mark the connection finished, remembering the first error.
     fn finish(&self, err: Option<Error>) {
         if let Some(e) = err {
-            self.error.borrow_mut().get_or_insert(e);
+            self.error.borrow_mut().get_or_insert_with(|| Box::new(e));
         }
         if !self.closed.replace(true) {
             self.session.borrow_mut().connection_lost();
@@ -554,7 +555,12 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         &self,
         rd: R,
     ) -> (Result<(), Error>, Option<R>, (BytesMut, BytesMut)) {
-        let (mut buf, mut plain) = self.initial_input.borrow_mut().take().unwrap_or_default();
+        let (mut buf, mut plain) = self
+            .initial_input
+            .borrow_mut()
+            .take()
+            .map(|i| *i)
+            .unwrap_or_default();
         let mut rd = Some(rd);
         let r = self.read_inner(&mut rd, &mut buf, &mut plain).await;
         (r, rd, (buf, plain))
@@ -926,7 +932,9 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             .handle_timeout(super::clock::now());
         self.dispatch();
         if let Some(e) = self.session.borrow().h2().error() {
-            self.error.borrow_mut().get_or_insert(e.into());
+            self.error
+                .borrow_mut()
+                .get_or_insert_with(|| Box::new(e.into()));
         }
         self.wake_writer.notify();
         self.rearm();

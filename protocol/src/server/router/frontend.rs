@@ -11,7 +11,7 @@ impl Router {
 
     /// A frontend appeared.
     pub fn frontend_opened(&mut self, id: FrontendId, kind: FrontendKind) {
-        self.frontends.insert(id, Frontend::new(kind));
+        self.frontends.insert(id, Box::new(Frontend::new(kind)));
     }
 
     /// Name the client of a frontend for the per-frontend limits (the

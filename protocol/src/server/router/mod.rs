@@ -457,7 +457,9 @@ pub struct Router {
     cfg: RouterConfig,
     directory: Directory,
     backends: HashMap<BackendId, Backend>,
-    frontends: HashMap<FrontendId, Frontend>,
+    /// Boxed: a frontend is 320 bytes, and a table sized for thousands of
+    /// them keeps up to twice as many slots as entries.
+    frontends: HashMap<FrontendId, Box<Frontend>>,
     pending: HashMap<i64, Pending>,
     actions: std::collections::VecDeque<Action>,
     /// `konn-resume` sessions of local backends (`resume.rs`).

@@ -239,7 +239,7 @@ impl Router {
         let connect_id = b.reverse.next_id();
         b.reverse.open += 1;
         b.established.insert(connect_id, fid);
-        let mut f = Frontend::new(FrontendKind::Reverse);
+        let mut f = Box::new(Frontend::new(FrontendKind::Reverse));
         f.backend = Some(backend);
         push_one(&mut f.established, (backend, connect_id));
         f.rx_backend = Some(backend);
