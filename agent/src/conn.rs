@@ -36,7 +36,7 @@
 //! is called synchronously on the tunnel's worker, so it must be cheap.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +56,7 @@ use konn_frames::GrpcStatus;
 use konn_frames::packet::{self, MAX_DATA_PAYLOAD, Packet, PacketType};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
+use konn_protocol::maps::IdMap;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, Splitable};
 use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
@@ -339,10 +340,10 @@ impl Endpoint {
 pub struct TunnelHandler {
     tunnel: Tunnel,
     ctx: Rc<Ctx>,
-    endpoints: HashMap<i64, Rc<Endpoint>>,
-    dials: HashMap<i64, Dialing>,
+    endpoints: IdMap<i64, Rc<Endpoint>>,
+    dials: IdMap<i64, Dialing>,
     /// Accepted connections waiting for their reverse dial's answer.
-    reverse_waiting: HashMap<i64, monoio::net::TcpStream>,
+    reverse_waiting: IdMap<i64, monoio::net::TcpStream>,
     me: WeakConnHandle<Grpc, Self>,
     report: Box<dyn FnMut(TunnelEvent)>,
     connected: bool,
@@ -391,9 +392,9 @@ impl TunnelHandler {
                 wake_watch: Notify::new(),
                 server_id: RefCell::new(None),
             }),
-            endpoints: HashMap::new(),
-            dials: HashMap::new(),
-            reverse_waiting: HashMap::new(),
+            endpoints: IdMap::default(),
+            dials: IdMap::default(),
+            reverse_waiting: IdMap::default(),
             me: WeakConnHandle::default(),
             report,
             connected: false,

@@ -23,6 +23,8 @@
 //!   (the proxy strategies).
 //! - [`agent`]: proxy-agent's per-tunnel state machine and the server set
 //!   it keeps tunnels to.
+//! - [`maps`]: `SmallMap`, a map sized for the one entry most connections
+//!   hold (an HTTP/2 stream, a gRPC call).
 //! - `sim` (feature `sim`): the in-memory harness that drives the router
 //!   and the tunnel against each other on a simulated clock and checks
 //!   their invariants after every step (for tests and fuzz targets).
@@ -47,6 +49,7 @@ pub mod error;
 pub mod flow;
 pub mod grpc;
 pub mod h2;
+pub mod maps;
 pub mod resume;
 pub mod server;
 #[cfg(any(test, feature = "sim"))]

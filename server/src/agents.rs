@@ -18,7 +18,6 @@
 //! sends the metadata and never sees the header. The reverse direction's
 //! `konn-reverse: 1` (KEP-2025) is negotiated the same way.
 
-use std::collections::HashMap;
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -27,6 +26,7 @@ use konn_frames::GrpcStatus;
 use konn_frames::packet::{Packet, PacketType};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
+use konn_protocol::maps::IdMap;
 use konn_protocol::resume;
 
 use crate::auth::{AuthResult, Verdicts};
@@ -61,10 +61,10 @@ pub struct AgentConn {
     worker: Rc<Worker>,
     outbox: Rc<Outbox>,
     /// Connect streams of this connection → backends.
-    streams: HashMap<u32, BackendId>,
+    streams: IdMap<u32, BackendId>,
     /// Connect calls held for a token review: stream → (hold, what to
     /// register).
-    held: HashMap<u32, (u64, Registration)>,
+    held: IdMap<u32, (u64, Registration)>,
     /// Verdicts delivered for held calls.
     verdicts: Rc<Verdicts>,
     /// The cluster this connection was admitted to (by SNI with
@@ -78,8 +78,8 @@ impl AgentConn {
         Self {
             worker,
             outbox,
-            streams: HashMap::new(),
-            held: HashMap::new(),
+            streams: IdMap::default(),
+            held: IdMap::default(),
             verdicts: Rc::new(Verdicts::default()),
             cluster,
         }

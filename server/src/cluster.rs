@@ -35,7 +35,6 @@
 //! congested — the same rule as for a local frontend.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -44,6 +43,7 @@ use konn_core::io::notify::Broadcast;
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{Packet, PacketType};
 use konn_protocol::grpc::Grpc;
+use konn_protocol::maps::{IdMap, IdSet};
 use konn_protocol::server::backends::{BackendId, Directory, Entry};
 use konn_protocol::server::router::{
     Action, DialFailure, FrontendId, Payload, Relay, Router, RouterConfig,
@@ -119,11 +119,11 @@ pub struct Cluster {
     /// The protocol state machine (this cluster's backends only).
     pub router: RefCell<Router>,
     /// This core's frontends of the cluster.
-    pub frontends: RefCell<HashMap<FrontendId, FrontendRef>>,
+    pub frontends: RefCell<IdMap<FrontendId, FrontendRef>>,
     /// This core's backends of the cluster.
-    pub backends: RefCell<HashMap<BackendId, BackendRef>>,
+    pub backends: RefCell<IdMap<BackendId, BackendRef>>,
     /// Every backend's load (all workers'; see [`BackendLoad`]).
-    pub loads: RefCell<HashMap<BackendId, Arc<BackendLoad>>>,
+    pub loads: RefCell<IdMap<BackendId, Arc<BackendLoad>>>,
     /// This core's slab of the cluster's metrics.
     pub metrics: ServerCoreMetrics,
     /// The cluster's metrics (process-wide handles).
@@ -132,7 +132,7 @@ pub struct Cluster {
     pub auth: Option<Auth>,
     /// This core's connections of the cluster (ids in
     /// `Worker::connections`), closed when the cluster is removed.
-    pub connections: RefCell<HashSet<u64>>,
+    pub connections: RefCell<IdSet<u64>>,
     /// Set, and `stopping` notified, when the cluster is removed: its
     /// listeners stop accepting.
     pub removed: Cell<bool>,
@@ -165,13 +165,13 @@ impl Cluster {
             id,
             settings,
             router: RefCell::new(router),
-            frontends: RefCell::new(HashMap::new()),
-            backends: RefCell::new(HashMap::new()),
-            loads: RefCell::new(HashMap::new()),
+            frontends: RefCell::new(IdMap::default()),
+            backends: RefCell::new(IdMap::default()),
+            loads: RefCell::new(IdMap::default()),
             metrics,
             all_metrics,
             auth,
-            connections: RefCell::new(HashSet::new()),
+            connections: RefCell::new(IdSet::default()),
             removed: Cell::new(false),
             stopping: Broadcast::new(),
             published: Cell::new((0, 0)),

@@ -16,7 +16,7 @@
 //! event is replayed (docs/design/cross-core.md).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -27,6 +27,7 @@ use konn_frames::GrpcStatus;
 use konn_frames::packet::{Packet, PacketType};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
+use konn_protocol::maps::SmallMap;
 
 use crate::accounting::FrontendPeer;
 use crate::agents::{reframe, unknown_method};
@@ -46,13 +47,25 @@ pub struct Plan {
     pub stashed: Vec<GrpcEvent>,
 }
 
+/// One `Proxy` stream of a frontend connection.
+struct Stream {
+    /// Its router frontend.
+    fid: FrontendId,
+    /// Bytes queued at the last dispatch.
+    level: usize,
+    /// When its queue last drained (shrank or was empty): the budget
+    /// resets the streams that have not drained for the longest first.
+    drained: Instant,
+}
+
 /// The handler of one frontend connection.
 pub struct FrontendConn {
     worker: Rc<Worker>,
     /// The cluster whose listener accepted the connection.
     cluster: Rc<Cluster>,
     outbox: Rc<Outbox>,
-    streams: HashMap<u32, FrontendId>,
+    /// Its streams (a kube-apiserver dial has one).
+    streams: SmallMap<u32, Stream, RandomState>,
     detach: Rc<Cell<bool>>,
     plan: Rc<RefCell<Option<Plan>>>,
     /// A connection that already moved once does not move again.
@@ -60,10 +73,6 @@ pub struct FrontendConn {
     /// Bytes queued on this connection's streams, as last accounted to the
     /// core's memory budget (`crate::budget`).
     queued: usize,
-    /// Per stream: bytes queued at the last dispatch, and when its queue
-    /// last drained (shrank or was empty). The budget resets the streams
-    /// that have not drained for the longest first.
-    levels: HashMap<u32, (usize, Instant)>,
     /// Who the peer is, for the audit log and the per-frontend limits
     /// (`crate::accounting`).
     who: Who,
@@ -95,12 +104,11 @@ impl FrontendConn {
             worker,
             cluster,
             outbox,
-            streams: HashMap::new(),
+            streams: SmallMap::new(),
             detach: Rc::new(Cell::new(false)),
             plan,
             may_move: true,
             queued: 0,
-            levels: HashMap::new(),
             who: Who::Known(FrontendPeer::default()),
             handle: WeakConnHandle::default(),
         }
@@ -158,7 +166,14 @@ impl FrontendConn {
                 stream: id,
             },
         );
-        self.streams.insert(id, fid);
+        self.streams.insert(
+            id,
+            Stream {
+                fid,
+                level: 0,
+                drained: konn_core::io::clock::now(),
+            },
+        );
         bump(&self.worker.shared.proxy_streams, true);
         self.cluster
             .metrics
@@ -167,8 +182,7 @@ impl FrontendConn {
     }
 
     fn gone(&mut self, id: u32) {
-        self.levels.remove(&id);
-        let Some(fid) = self.streams.remove(&id) else {
+        let Some(Stream { fid, .. }) = self.streams.remove(&id) else {
             return;
         };
         let (w, c) = (&*self.worker, &*self.cluster);
@@ -211,11 +225,10 @@ impl FrontendConn {
         // Stalest first (drained nothing for the longest), then largest.
         let mut victims: Vec<(Instant, std::cmp::Reverse<usize>, u32)> = self
             .streams
-            .keys()
-            .filter_map(|&id| {
+            .iter()
+            .filter_map(|(&id, s)| {
                 let level = grpc.queued_bytes(id);
-                let since = self.levels.get(&id).map(|l| l.1)?;
-                (level >= shed.min_level).then_some((since, std::cmp::Reverse(level), id))
+                (level >= shed.min_level).then_some((s.drained, std::cmp::Reverse(level), id))
             })
             .collect();
         victims.sort_unstable();
@@ -298,7 +311,7 @@ impl Handler<Grpc> for FrontendConn {
                 framed,
                 flow,
             } => {
-                let Some(&fid) = self.streams.get(&id) else {
+                let Some(fid) = self.streams.get(&id).map(|s| s.fid) else {
                     grpc.release(id, flow);
                     return;
                 };
@@ -388,16 +401,15 @@ impl Handler<Grpc> for FrontendConn {
         let mut total = 0;
         {
             let mut router = self.cluster.router.borrow_mut();
-            for (&stream, &fid) in &self.streams {
-                let level = grpc.queued_bytes(stream);
+            for (&id, s) in &mut self.streams {
+                let level = grpc.queued_bytes(id);
                 total += level;
-                let seen = self.levels.entry(stream).or_insert((0, now));
-                if level == 0 || level < seen.0 {
-                    seen.1 = now;
+                if level == 0 || level < s.level {
+                    s.drained = now;
                 }
-                seen.0 = level;
-                if router.frontend_queued(fid).is_some_and(|q| q != level) {
-                    router.frontend_level(now, fid, level);
+                s.level = level;
+                if router.frontend_queued(s.fid).is_some_and(|q| q != level) {
+                    router.frontend_level(now, s.fid, level);
                     changed = true;
                 }
             }
@@ -418,6 +430,11 @@ impl Handler<Grpc> for FrontendConn {
             self.gone(id);
         }
         self.outbox.close();
+    }
+
+    fn release_idle(&mut self) {
+        self.streams.shrink();
+        self.outbox.release_idle();
     }
 }
 

@@ -22,6 +22,7 @@ use konn_core::io::pool::BufPool;
 use konn_core::io::xcore::MeshSender;
 use konn_frames::GrpcStatus;
 use konn_protocol::grpc::Grpc;
+use konn_protocol::maps::IdMap;
 
 use konn_frames::packet::{Packet, PacketType};
 
@@ -116,6 +117,15 @@ impl Outbox {
                     let _ = grpc.finish(stream, status, msg);
                 }
             }
+        }
+    }
+
+    /// Give back the queue's capacity if it is empty (an idle
+    /// connection).
+    pub fn release_idle(&self) {
+        let mut items = self.items.borrow_mut();
+        if items.is_empty() {
+            *items = VecDeque::new();
         }
     }
 
@@ -316,7 +326,7 @@ pub struct Worker {
     /// Live connections of this worker: how to stop each one (see
     /// [`Stop`]). Every connection task registers here and removes itself
     /// when it ends, so an empty map means no connection task is left.
-    pub connections: RefCell<HashMap<u64, StopFn>>,
+    pub connections: RefCell<IdMap<u64, StopFn>>,
     /// Set, and `stopping` notified, when the worker stops: tasks not in
     /// `connections` yet (reading a CONNECT head) end too.
     pub stopped: Cell<bool>,
@@ -368,7 +378,7 @@ impl Worker {
             settings,
             pool,
             shared,
-            connections: RefCell::new(HashMap::new()),
+            connections: RefCell::new(IdMap::default()),
             stopped: Cell::new(false),
             stopping: Broadcast::new(),
             tasks: Rc::new(TaskCount::default()),

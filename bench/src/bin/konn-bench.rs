@@ -6,9 +6,10 @@
 //!                    [--engines io-uring[:SETUP],epoll] [--idle N] [--only S1,S3,…]
 //!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--min-s4 RATIO] [--no-pin]
 //!                    [--also NAME=DIR:ENGINE[:FLAG,FLAG…]]...
-//! konn-bench idle [--connections N] [--impl NAME=DIR]...
+//! konn-bench idle [--connections N] [--hold SECS] [--impl NAME=DIR]...
 //! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 //! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
+//!                   [--profile DIR [--runs idle,dials,…]]
 //!                   [--kernel io-uring,epoll] [--guarded]
 //! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
 //! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
@@ -39,14 +40,20 @@
 //!   percent, default 4). `--kernel ENGINES` instead counts system calls,
 //!   context switches and io_uring completions per MB and per dial of
 //!   each engine, natively (`perf stat` software events). `--guarded`
-//!   counts with every issue-17 guard on (as `guards`).
+//!   counts with every issue-17 guard on (as `guards`). `--profile DIR`
+//!   runs each of `--runs` (default all) once with per-line detail and keeps
+//!   the callgrind files in DIR for `callgrind_annotate` (instructions by
+//!   function).
 //! - `idle` (S5 of the benchmark plan): opens N tunnelled connections the
 //!   way kube-apiserver does (one gRPC frontend connection per dial over the
 //!   Unix socket), sends one message on each, keeps them open and reports the
 //!   resident-memory growth per idle connection of the server and the agent.
 //!   `--impl NAME=DIR` runs the scenario for the binaries in DIR (both named
 //!   `proxy-server` and `proxy-agent`); the default is konn's binaries next
-//!   to this executable.
+//!   to this executable. `--hold SECS` keeps the connections open that much
+//!   longer after the memory reading, and prints `holding` on stderr first:
+//!   the moment to take a heap snapshot of the processes (docs/BENCHMARKS.md,
+//!   "Where an idle connection's memory goes").
 //! - `reverse` (S11): KEP-2025's node-to-control-plane direction against the
 //!   direct baseline and the forward direction on one konn topology
 //!   (`konn_bench::harness::reverse`); prints a markdown table. `--quick`
@@ -435,6 +442,8 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut tolerance = 4.0;
     let mut kernel = Vec::new();
     let mut guarded = false;
+    let mut profile = None;
+    let mut runs = icount::Run::ALL.to_vec();
     while let Some(a) = it.next() {
         let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
         match a.as_str() {
@@ -449,6 +458,20 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             "--check" => check = Some(PathBuf::from(val("a file")?)),
             "--write" => write = Some(PathBuf::from(val("a file")?)),
             "--tolerance" => tolerance = val("a percentage")?.parse()?,
+            "--profile" => profile = Some(PathBuf::from(val("a directory")?)),
+            "--runs" => {
+                runs = val("a list of runs")?
+                    .split(',')
+                    .map(|r| {
+                        icount::Run::ALL
+                            .into_iter()
+                            .find(|x| x.name() == r)
+                            .with_context(|| {
+                                format!("unknown run {r:?} (idle, download, upload, dials)")
+                            })
+                    })
+                    .collect::<Result<_>>()?
+            }
             other => bail!("unknown argument {other:?}"),
         }
     }
@@ -484,6 +507,17 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     if guarded {
         // Issue 17's audit log, limits and allow-list all on.
         bins = konn_bench::harness::guards::guarded(&bins, &work.0);
+    }
+    if let Some(out) = profile {
+        // One run each, with per-line detail, the files kept for
+        // `callgrind_annotate <run>-server.cg`.
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let totals = block_on(Engine::Epoll, icount::profile(&bins, &out, &certs, &runs))??;
+        for (run, s, a) in totals {
+            println!("{:<9} server {s:>14} Ir   agent {a:>14} Ir", run.name());
+        }
+        println!("callgrind files in {}", out.display());
+        return Ok(());
     }
     let started = Instant::now();
     eprintln!("konn-bench icount: {} under callgrind", konn_dir.display());
@@ -772,11 +806,16 @@ fn cpu_model() -> String {
 
 fn idle_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut connections = 1000;
+    let mut hold = Duration::ZERO;
     let mut impls = Vec::new();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--connections" => {
                 connections = it.next().context("--connections needs a number")?.parse()?;
+            }
+            "--hold" => {
+                let secs: f64 = it.next().context("--hold needs seconds")?.parse()?;
+                hold = Duration::try_from_secs_f64(secs).context("--hold: bad duration")?;
             }
             "--impl" => {
                 let v = it.next().context("--impl needs NAME=DIR")?;
@@ -802,7 +841,7 @@ fn idle_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     for bins in &impls {
         let topo = Topology::start(bins, Mode::Grpc, dir, &certs, None)
             .with_context(|| format!("starting {}", bins.name))?;
-        let r = idle(&topo, echo.addr().to_string(), connections)?;
+        let r = idle(&topo, echo.addr().to_string(), connections, hold)?;
         if !topo.stop(Duration::from_secs(10)) {
             eprintln!("  {}: a process did not stop on SIGTERM", bins.name);
         }
@@ -829,7 +868,7 @@ struct IdleResult {
     agent: [u64; 3],
 }
 
-fn idle(topo: &Topology, dest: String, n: usize) -> Result<IdleResult> {
+fn idle(topo: &Topology, dest: String, n: usize, hold: Duration) -> Result<IdleResult> {
     let (sp, ap) = (topo.server.pid(), topo.agent.pid());
     let rss = || -> Result<(u64, u64)> {
         Ok((
@@ -887,6 +926,10 @@ fn idle(topo: &Topology, dest: String, n: usize) -> Result<IdleResult> {
     let opened = start.elapsed();
     settle();
     let open = rss()?;
+    if !hold.is_zero() {
+        eprintln!("  holding {n} idle connections for {hold:?}");
+        std::thread::sleep(hold);
+    }
     go_tx.send(()).ok();
     wait(&done_rx, "closing connections")?;
     settle();

@@ -95,14 +95,16 @@ impl Run {
 }
 
 /// Wrapper scripts that start `bins`' binaries under callgrind, writing
-/// their counts to `out/<run>-{server,agent}.cg`.
-fn wrapped(bins: &Binaries, dir: &Path, run: Run) -> Result<Binaries, Error> {
+/// their counts to `out/<run>-{server,agent}.cg`; with `lines`, per source
+/// line (for `callgrind_annotate`), else only the totals the gate reads.
+fn wrapped(bins: &Binaries, dir: &Path, run: Run, lines: bool) -> Result<Binaries, Error> {
     let mut b = bins.clone();
     for (what, real) in [("server", &bins.server), ("agent", &bins.agent)] {
         let script = dir.join(format!("{}-{what}.sh", run.name()));
         let out = dir.join(format!("{}-{what}.cg", run.name()));
+        let detail = if lines { "yes" } else { "no" };
         let text = format!(
-            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file={} --dump-line=no \
+            "#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file={} --dump-line={detail} \
              --compress-strings=no --trace-children=no -q {} \"$@\"\n",
             out.display(),
             real.display()
@@ -193,8 +195,9 @@ async fn count(
     certs: &PkiFiles,
     dests: &Dests,
     run: Run,
+    lines: bool,
 ) -> Result<(u64, u64), Error> {
-    let wrapped = wrapped(bins, dir, run)?;
+    let wrapped = wrapped(bins, dir, run, lines)?;
     let topo = Topology::start(&wrapped, Mode::Grpc, dir, certs, None)?;
     let route = topo.route();
     let r = workload(&route, dests, run).await;
@@ -329,7 +332,7 @@ pub async fn measure(bins: &Binaries, dir: &Path, certs: &PkiFiles) -> Result<Fi
         // by a few percent.
         let mut counts = Vec::with_capacity(REPEAT);
         for _ in 0..REPEAT {
-            let (s, a) = count(bins, dir, certs, &dests, run).await?;
+            let (s, a) = count(bins, dir, certs, &dests, run, false).await?;
             eprintln!("  {:<9} server {s:>14} Ir   agent {a:>14} Ir", run.name());
             counts.push((s, a));
         }
@@ -364,6 +367,25 @@ pub async fn measure(bins: &Binaries, dir: &Path, certs: &PkiFiles) -> Result<Fi
         );
     }
     Ok(out)
+}
+
+/// Runs each of `runs` once under callgrind with per-line detail and
+/// leaves `<run>-{server,agent}.cg` in `out`, for `callgrind_annotate`
+/// (instructions by function: where a dial or a megabyte goes). Returns
+/// each run's totals, (server, agent).
+pub async fn profile(
+    bins: &Binaries,
+    out: &Path,
+    certs: &PkiFiles,
+    runs: &[Run],
+) -> Result<Vec<(Run, u64, u64)>, Error> {
+    let dests = Dests::start().map_err(|e| Error::Socket(format!("destinations: {e}")))?;
+    let mut totals = Vec::with_capacity(runs.len());
+    for &run in runs {
+        let (s, a) = count(bins, out, certs, &dests, run, true).await?;
+        totals.push((run, s, a));
+    }
+    Ok(totals)
 }
 
 /// A committed baseline: the figures and how much each may grow.

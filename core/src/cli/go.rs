@@ -35,6 +35,23 @@ use std::time::Duration;
 /// code points are approximated (see `is_go_printable`).
 pub fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
+    quote_into(&mut out, s);
+    out
+}
+
+/// [`quote`], appended to `out`.
+pub fn quote_into(out: &mut String, s: &str) {
+    // Printable ASCII without `"` or `\` (addresses, ids, most values)
+    // needs no escaping.
+    if s.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.reserve(s.len() + 2);
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     out.push('"');
     for c in s.chars() {
         match c {
@@ -48,13 +65,12 @@ pub fn quote(s: &str) -> String {
             '\t' => out.push_str("\\t"),
             '\x0b' => out.push_str("\\v"),
             c if is_go_printable(c) => out.push(c),
-            c if (c as u32) < 0x80 => push_hex(&mut out, "\\x", c as u32, 2),
-            c if (c as u32) > 0xffff => push_hex(&mut out, "\\U", c as u32, 8),
-            c => push_hex(&mut out, "\\u", c as u32, 4),
+            c if (c as u32) < 0x80 => push_hex(out, "\\x", c as u32, 2),
+            c if (c as u32) > 0xffff => push_hex(out, "\\U", c as u32, 8),
+            c => push_hex(out, "\\u", c as u32, 4),
         }
     }
     out.push('"');
-    out
 }
 
 fn push_hex(out: &mut String, prefix: &str, v: u32, width: usize) {

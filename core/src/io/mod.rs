@@ -20,8 +20,9 @@
 //! - [`tls`]: the TLS layer (rustls) that drivers put between a socket and the
 //!   HTTP/2 state machine, and the configuration builders for the Go flags.
 //! - [`driver`]: runs one HTTP/2 or gRPC session (optionally under TLS) on a
-//!   socket with reader, writer and timer tasks; [`notify`] wakes them and
-//!   [`clock`] is where drivers read the time and draw seeds.
+//!   socket with reader and writer tasks and one [`timers::Deadline`] (the
+//!   thread's timer calls back when it passes); [`notify`] wakes the tasks
+//!   and [`clock`] is where drivers read the time and draw seeds.
 //! - [`resolve`]: dial addresses to sockets (DNS on the blocking pool) with
 //!   Go's error wording.
 //!
@@ -41,5 +42,6 @@ pub mod runtime;
 pub mod signals;
 pub mod sock;
 pub mod stop;
+pub mod timers;
 pub mod tls;
 pub mod xcore;

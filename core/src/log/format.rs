@@ -11,13 +11,14 @@
 //! numbers and booleans are bare; `Debug`/`Display` values are bare when
 //! they contain no space, quote or `=`, quoted otherwise.
 
+use std::cell::Cell;
 use std::fmt::{self, Write as _};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
 
 use super::flags::Severity;
-use crate::cli::go::quote;
+use crate::cli::go::quote_into;
 
 /// Broken-down local time with microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,14 +35,27 @@ pub(crate) struct Stamp {
 impl Stamp {
     /// The current local time. Logging is one of the few places that reads
     /// the wall clock itself (the engine passes time in); it is never on the
-    /// data path.
+    /// data path. The broken-down time is computed once per second per
+    /// thread (`localtime_r` is most of a line's cost otherwise).
     #[allow(clippy::disallowed_methods)]
     pub(crate) fn now() -> Self {
+        thread_local! {
+            static LAST: Cell<Option<(i64, Stamp)>> = const { Cell::new(None) };
+        }
         let since = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
         let secs = i64::try_from(since.as_secs()).unwrap_or(i64::MAX);
-        Self::local(secs, since.subsec_micros())
+        let micros = since.subsec_micros();
+        let cached = LAST.try_with(Cell::get).ok().flatten();
+        match cached {
+            Some((s, stamp)) if s == secs => Self { micros, ..stamp },
+            _ => {
+                let stamp = Self::local(secs, micros);
+                let _ = LAST.try_with(|l| l.set(Some((secs, stamp))));
+                stamp
+            }
+        }
     }
 
     /// `secs` since the epoch in the process's time zone (`TZ`,
@@ -124,6 +138,7 @@ fn local_time(secs: i64) -> Option<(i32, u32, u32, u32, u32, u32)> {
 }
 
 /// Writes klog's header: `I1121 23:40:15.123456   12345 file.rs:123] `.
+/// (By hand, not with `write!`: a line's header was a third of its cost.)
 pub(crate) fn write_header(
     out: &mut String,
     severity: Severity,
@@ -132,20 +147,62 @@ pub(crate) fn write_header(
     file: &str,
     line: u32,
 ) {
-    let _ = write!(
-        out,
-        "{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {:>7} {}:{}] ",
-        severity.letter(),
-        stamp.month,
-        stamp.day,
-        stamp.hour,
-        stamp.minute,
-        stamp.second,
-        stamp.micros,
-        pid,
-        file,
-        line
-    );
+    out.push(severity.letter());
+    push_padded(out, u64::from(stamp.month), 2, '0');
+    push_padded(out, u64::from(stamp.day), 2, '0');
+    out.push(' ');
+    push_padded(out, u64::from(stamp.hour), 2, '0');
+    out.push(':');
+    push_padded(out, u64::from(stamp.minute), 2, '0');
+    out.push(':');
+    push_padded(out, u64::from(stamp.second), 2, '0');
+    out.push('.');
+    push_padded(out, u64::from(stamp.micros), 6, '0');
+    out.push(' ');
+    push_padded(out, u64::from(pid), 7, ' ');
+    out.push(' ');
+    out.push_str(file);
+    out.push(':');
+    push_padded(out, u64::from(line), 1, ' ');
+    out.push_str("] ");
+}
+
+/// Appends `v` in decimal, left-padded with `pad` to `width` characters.
+fn push_padded(out: &mut String, v: u64, width: usize, pad: char) {
+    let mut digits = [0u8; 20];
+    let mut n = v;
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        if let Some(d) = digits.get_mut(i) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    let text = digits.get(i..).unwrap_or_default();
+    for _ in text.len()..width {
+        out.push(pad);
+    }
+    for &d in text {
+        out.push(char::from(d));
+    }
+}
+
+/// Appends a signed integer in decimal.
+fn push_int(out: &mut String, v: i128) {
+    if v < 0 {
+        out.push('-');
+    }
+    let m = v.unsigned_abs();
+    match u64::try_from(m) {
+        Ok(m) => push_padded(out, m, 1, ' '),
+        Err(_) => {
+            let _ = write!(out, "{m}");
+        }
+    }
 }
 
 /// The file name klog shows: the base name, or the whole path with
@@ -159,14 +216,57 @@ pub(crate) fn display_file(file: Option<&str>, add_dir: bool) -> &str {
 }
 
 /// Collects an event's or span's fields in klog's `key=value` style. The
-/// `message` field is kept apart so it can go first.
+/// `message` field is kept apart so it can go first. Events reuse one per
+/// thread (see [`FieldWriter::with`]), so a line costs no allocation.
 #[derive(Default)]
 pub(crate) struct FieldWriter {
     pub(crate) message: String,
     pub(crate) fields: String,
+    /// A `Debug` value being formatted.
+    scratch: String,
+    /// The finished line.
+    pub(crate) line: String,
 }
 
 impl FieldWriter {
+    /// Runs `f` with this thread's writer, emptied (a fresh one when the
+    /// thread's is in use further up the stack, e.g. a `Debug` impl that
+    /// logs).
+    pub(crate) fn with<R>(f: impl FnOnce(&mut Self) -> R) -> R {
+        thread_local! {
+            static WRITER: std::cell::RefCell<FieldWriter> =
+                std::cell::RefCell::new(FieldWriter::default());
+        }
+        // Free: not in use further up, and not torn down (thread exit).
+        let free = WRITER
+            .try_with(|w| w.try_borrow_mut().is_ok())
+            .unwrap_or(false);
+        if free {
+            WRITER.with(|w| {
+                let mut w = w.borrow_mut();
+                w.clear();
+                f(&mut w)
+            })
+        } else {
+            f(&mut Self::default())
+        }
+    }
+
+    fn clear(&mut self) {
+        // Keep the buffers, but not a huge one from a rare long line.
+        for s in [
+            &mut self.message,
+            &mut self.fields,
+            &mut self.scratch,
+            &mut self.line,
+        ] {
+            s.clear();
+            if s.capacity() > 16 * 1024 {
+                *s = String::new();
+            }
+        }
+    }
+
     fn push_key(&mut self, field: &Field) {
         if !self.fields.is_empty() {
             self.fields.push(' ');
@@ -185,7 +285,7 @@ impl FieldWriter {
         if !always_quote && (already_quoted || is_bare(text)) {
             self.fields.push_str(text);
         } else {
-            self.fields.push_str(&quote(text));
+            quote_into(&mut self.fields, text);
         }
     }
 
@@ -197,11 +297,26 @@ impl FieldWriter {
         self.push_key(field);
         let _ = write!(self.fields, "{value}");
     }
+
+    fn push_integer(&mut self, field: &Field, value: i128) {
+        if field.name() == "message" {
+            push_int(&mut self.message, value);
+            return;
+        }
+        self.push_key(field);
+        push_int(&mut self.fields, value);
+    }
 }
 
 /// A value that needs no quotes: non-empty, no whitespace, quote, `=` or
 /// control character.
 fn is_bare(text: &str) -> bool {
+    if text.is_ascii() {
+        return !text.is_empty()
+            && text
+                .bytes()
+                .all(|b| b > b' ' && b != 0x7f && b != b'"' && b != b'=');
+    }
     !text.is_empty()
         && !text
             .chars()
@@ -210,8 +325,11 @@ fn is_bare(text: &str) -> bool {
 
 impl Visit for FieldWriter {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let text = format!("{value:?}");
+        let mut text = std::mem::take(&mut self.scratch);
+        text.clear();
+        let _ = write!(text, "{value:?}");
         self.push_text(field, &text, false);
+        self.scratch = text;
     }
 
     fn record_str(&mut self, field: &Field, value: &str) {
@@ -219,19 +337,23 @@ impl Visit for FieldWriter {
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.push_text(field, &value.to_string(), true);
+        let mut text = std::mem::take(&mut self.scratch);
+        text.clear();
+        let _ = write!(text, "{value}");
+        self.push_text(field, &text, true);
+        self.scratch = text;
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.push_bare(field, value);
+        self.push_integer(field, i128::from(value));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.push_bare(field, value);
+        self.push_integer(field, i128::from(value));
     }
 
     fn record_i128(&mut self, field: &Field, value: i128) {
-        self.push_bare(field, value);
+        self.push_integer(field, value);
     }
 
     fn record_u128(&mut self, field: &Field, value: u128) {

@@ -472,11 +472,20 @@ where
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        FieldWriter::with(|w| self.write_event(w, event, &ctx));
+    }
+}
+
+impl KlogLayer {
+    /// Formats and writes one event with the thread's reused buffers.
+    fn write_event<S>(&self, w: &mut FieldWriter, event: &Event<'_>, ctx: &Context<'_, S>)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
         let meta = event.metadata();
         let severity = Self::severity(meta);
-        let mut w = FieldWriter::default();
-        event.record(&mut w);
-        let mut line = String::with_capacity(128);
+        event.record(w);
+        let mut line = std::mem::take(&mut w.line);
         if !self.skip_headers {
             format::write_header(
                 &mut line,
@@ -515,6 +524,7 @@ where
             }
         }
         self.output.write(severity, line.as_bytes());
+        w.line = line;
     }
 }
 

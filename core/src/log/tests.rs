@@ -225,6 +225,40 @@ fn klog_line_format_and_fields() {
 }
 
 #[test]
+fn integers_and_quoting_at_their_edges() {
+    let lines = capture(LogConfig::default(), || {
+        tracing::info!(
+            zero = 0_u64,
+            max = u64::MAX,
+            min = i64::MIN,
+            big = -170_141_183_460_469_231_731_687_303_715_884_105_728_i128,
+            huge = u128::MAX,
+            "ints"
+        );
+        tracing::info!(
+            esc = "a\"b\\c\n",
+            uni = "grüße",
+            empty = "",
+            dbg_uni = ?"ü x",
+            "quoting"
+        );
+        // A line reuses the thread's buffers: nothing of the first stays.
+        tracing::info!("short");
+    });
+    assert_eq!(
+        body(&lines[0]),
+        "ints zero=0 max=18446744073709551615 min=-9223372036854775808 \
+         big=-170141183460469231731687303715884105728 \
+         huge=340282366920938463463374607431768211455"
+    );
+    assert_eq!(
+        body(&lines[1]),
+        r#"quoting esc="a\"b\\c\n" uni="grüße" empty="" dbg_uni="ü x""#
+    );
+    assert_eq!(body(&lines[2]), "short");
+}
+
+#[test]
 fn span_fields_follow_event_fields() {
     let lines = capture(LogConfig::default(), || {
         let outer = tracing::info_span!("tunnel", agent_id = "a1");

@@ -190,6 +190,14 @@ impl Decoder {
         }
     }
 
+    /// Gives back the scratch buffers of Huffman-decoded strings (they
+    /// grow to the longest string seen); the next block that needs them
+    /// allocates again. For an idle connection.
+    pub fn release_scratch(&mut self) {
+        self.name_buf = Vec::new();
+        self.value_buf = Vec::new();
+    }
+
     /// The per-block limits.
     pub fn limits(&self) -> DecoderLimits {
         self.limits

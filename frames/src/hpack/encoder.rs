@@ -12,6 +12,17 @@
 //!    useful for one field that is unlikely to repeat);
 //! 4. each string is Huffman-coded only when that is strictly shorter.
 //!
+//! With [`Encoder::set_index_repeated_only`] (what konn's HTTP/2
+//! connections use) step 3 adds a field to the table only the *second*
+//! time the connection sends it. That costs one literal per repeated field
+//! and saves the table for fields sent once: a connection that sends a
+//! single header block (a kube-apiserver dial's response headers, an
+//! agent's `Connect` request) never allocates a dynamic table (~350 bytes
+//! per connection). The fields sent once are remembered as 32-bit hashes
+//! of the last `SENT_ONCE` (8) such fields; a hash collision only makes a
+//! field indexed one sending early. Without it the policy is grpc-go's,
+//! which the RFC 7541 Appendix C examples follow.
+//!
 //! ## Table size
 //! The encoder's table is at most `min(peer's SETTINGS_HEADER_TABLE_SIZE,
 //! our cap)`; the cap (default 4096) bounds the memory a peer can make us
@@ -30,6 +41,9 @@ use bytes::BufMut;
 use super::table::{ENTRY_OVERHEAD, Table};
 use super::{DEFAULT_TABLE_SIZE, Field, Repr, huffman, int, static_table};
 
+/// Fields sent once (as literals not indexed) that the encoder remembers.
+pub(super) const SENT_ONCE: usize = 8;
+
 /// An HPACK encoder for one direction of one HTTP/2 connection.
 #[derive(Clone, Debug)]
 pub struct Encoder {
@@ -39,6 +53,13 @@ pub struct Encoder {
     cap: u32,
     /// Size updates to signal at the start of the next block.
     pending: Option<PendingUpdate>,
+    /// Index a field only the second time it is sent (see the module
+    /// docs).
+    repeated_only: bool,
+    /// Hashes of the last fields sent once (see the module docs), a ring.
+    sent_once: [u32; SENT_ONCE],
+    /// Next slot of `sent_once`.
+    sent_next: usize,
 }
 
 /// Table size changes since the last block.
@@ -83,7 +104,16 @@ impl Encoder {
             table: Table::new(size as usize),
             cap: size,
             pending: None,
+            repeated_only: false,
+            sent_once: [0; SENT_ONCE],
+            sent_next: 0,
         }
+    }
+
+    /// Adds a field to the dynamic table only the second time it is sent
+    /// (see the module docs). Off by default.
+    pub fn set_index_repeated_only(&mut self, on: bool) {
+        self.repeated_only = on;
     }
 
     /// Applies the peer's SETTINGS_HEADER_TABLE_SIZE. The table size
@@ -185,12 +215,31 @@ impl Encoder {
         }
         let repr = if field.sensitive {
             Repr::NeverIndexed
-        } else if self.worth_indexing(field) {
+        } else if self.worth_indexing(field) && (!self.repeated_only || self.sent_before(field)) {
             Repr::IncrementalIndexing
         } else {
             Repr::WithoutIndexing
         };
         self.literal(field, name_index, repr, Huffman::IfShorter, dst);
+    }
+
+    /// Whether `field` was sent before (as a literal not indexed); if not,
+    /// remembers that it now is.
+    fn sent_before(&mut self, field: Field<'_>) -> bool {
+        // FNV-1a over name, a separator and value; 0 marks an empty slot.
+        let mut h: u32 = 0x811c_9dc5;
+        for &b in field.name.iter().chain(&[0xff]).chain(field.value) {
+            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        }
+        let h = h.max(1);
+        if self.sent_once.contains(&h) {
+            return true;
+        }
+        if let Some(slot) = self.sent_once.get_mut(self.sent_next) {
+            *slot = h;
+        }
+        self.sent_next = (self.sent_next + 1) % SENT_ONCE;
+        false
     }
 
     /// Whether adding `field` to the table is worth what it evicts.

@@ -212,6 +212,46 @@ fn sensitive_fields_are_never_indexed() {
 }
 
 #[test]
+fn repeated_only_indexes_a_field_the_second_time_it_is_sent() {
+    let mut enc = Encoder::new();
+    enc.set_index_repeated_only(true);
+    let mut dec = Decoder::default();
+    let block = [
+        Field::new(b"content-type", b"application/grpc"),
+        Field::new(b"grpc-status", b"0"),
+    ];
+    let want: Vec<Owned> = block
+        .iter()
+        .map(|f| (f.name.to_vec(), f.value.to_vec(), false))
+        .collect();
+    let mut sizes = Vec::new();
+    for round in 0..3 {
+        let mut out = Vec::new();
+        enc.encode(block, &mut out);
+        assert_eq!(decode_ok(&mut dec, &out), want, "round {round}");
+        assert_eq!(
+            table_of_decoder(&dec),
+            table_of_encoder(&enc),
+            "round {round}"
+        );
+        sizes.push((out.len(), enc.table_len()));
+    }
+    // Sent once: no table; twice: indexed; then sent as two index bytes.
+    assert_eq!(sizes[0].1, 0, "a field sent once entered the table");
+    assert_eq!(sizes[1].1, 2);
+    assert_eq!(sizes[2], (2, 2));
+    // Many distinct fields, each sent once: the table stays empty.
+    let values: Vec<String> = (0..100).map(|i| format!("v{i}")).collect();
+    let mut once = Encoder::new();
+    once.set_index_repeated_only(true);
+    for v in &values {
+        let mut out = Vec::new();
+        once.encode([Field::new(b"x-once", v.as_bytes())], &mut out);
+    }
+    assert_eq!(once.table_len(), 0);
+}
+
+#[test]
 fn large_fields_are_not_indexed() {
     let mut enc = Encoder::with_table_size(256);
     let mut out = Vec::new();

@@ -44,7 +44,7 @@
 //! reading endpoints into DATA packets (it encodes those itself on the hot
 //! path), closing sockets, returning credit.
 
-use std::collections::HashMap;
+use crate::maps::IdMap;
 use std::time::Instant;
 
 use crate::flow::{FlowLimits, FlowRx, Signal, Step};
@@ -208,7 +208,7 @@ impl Default for TunnelConfig {
 pub struct Tunnel {
     cfg: TunnelConfig,
     next_connect_id: i64,
-    endpoints: HashMap<i64, Endpoint>,
+    endpoints: IdMap<i64, Endpoint>,
     actions: std::collections::VecDeque<Action>,
     draining: bool,
     /// Both sides negotiated PAUSE/RESUME.
@@ -227,7 +227,7 @@ impl Tunnel {
         Self {
             cfg,
             next_connect_id: 1,
-            endpoints: HashMap::new(),
+            endpoints: IdMap::default(),
             actions: std::collections::VecDeque::new(),
             draining: false,
             flow_control: false,

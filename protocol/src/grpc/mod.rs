@@ -30,7 +30,8 @@
 //! its 5-byte prefix (e.g. from `Packet::encode_grpc` into a pooled buffer),
 //! so the hot path never copies or allocates per message.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::collections::hash_map::RandomState;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -39,6 +40,7 @@ use konn_frames::{GrpcStatus, Reason};
 
 use super::h2::{Connection, Event, Headers, Role};
 use crate::Error;
+use crate::maps::SmallMap;
 
 /// What happened on a call.
 #[derive(Debug)]
@@ -124,7 +126,8 @@ struct Call {
 #[derive(Debug)]
 pub struct Grpc {
     conn: Connection,
-    calls: HashMap<u32, Call>,
+    /// An agent tunnel or a kube-apiserver dial holds one call.
+    calls: SmallMap<u32, Call, RandomState>,
     events: VecDeque<GrpcEvent>,
     max_message: u32,
     /// Scratch for trailers-only status and grpc-message encoding.
@@ -137,7 +140,7 @@ impl Grpc {
     pub fn new(conn: Connection, max_message: u32) -> Self {
         Self {
             conn,
-            calls: HashMap::new(),
+            calls: SmallMap::new(),
             events: VecDeque::new(),
             max_message,
             scratch: BytesMut::new(),
@@ -193,6 +196,20 @@ impl Grpc {
         self.fail_all();
         self.conn.connection_lost();
         self.pump();
+    }
+
+    /// Gives back memory held for bursts (see
+    /// [`Connection::release_idle`]): the HTTP/2 connection's, the event
+    /// queue's, the call table's, the scratch buffer's.
+    pub fn release_idle(&mut self) {
+        self.conn.release_idle();
+        if self.events.is_empty() {
+            self.events = VecDeque::new();
+        }
+        self.calls.shrink();
+        if self.scratch.is_empty() {
+            self.scratch = BytesMut::new();
+        }
     }
 
     /// Call events are waiting (including HTTP/2 events not yet translated).

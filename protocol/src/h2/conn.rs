@@ -177,13 +177,15 @@ pub struct Connection {
     local_active: usize,
     conn_recv: RecvWindow,
     conn_send: SendWindow,
-    block: Option<PartialBlock>,
+    /// Boxed: rare (a header block split over CONTINUATION frames).
+    block: Option<Box<PartialBlock>>,
     control: VecDeque<Control>,
     /// Streams with something to send.
     ready: VecDeque<u32>,
     events: VecDeque<Event>,
     pings: Pings,
-    bdp: Option<Bdp>,
+    /// Boxed: only with `Config::bdp_limit` (off in konn's binaries).
+    bdp: Option<Box<Bdp>>,
     empty_frames: u32,
     remote_resets: TokenBucket,
     local_resets: TokenBucket,
@@ -234,7 +236,11 @@ impl Connection {
             Role::Client => 1,
             Role::Server => 2,
         };
-        let bdp = cfg.bdp_limit.map(Bdp::new);
+        let bdp = cfg.bdp_limit.map(|l| Box::new(Bdp::new(l)));
+        let mut encoder = hpack::Encoder::new();
+        // Most connections send one header block each way (a dial's
+        // response, an agent's Connect): no dynamic table for those.
+        encoder.set_index_repeated_only(true);
         Self {
             conn_recv: RecvWindow::new(DEFAULT_WINDOW, cfg.conn_window),
             conn_send: SendWindow::new(DEFAULT_WINDOW),
@@ -247,7 +253,7 @@ impl Connection {
             settings_received: false,
             preface_sent: false,
             decoder,
-            encoder: hpack::Encoder::new(),
+            encoder,
             streams: StreamMap::default(),
             next_local_id,
             last_remote_id: 0,
@@ -566,6 +572,31 @@ impl Connection {
             });
         }
         self.fail(Fail::Lost, Bytes::new());
+    }
+
+    /// Gives back memory the connection holds for bursts it is not in: the
+    /// capacity of empty queues (control frames, ready streams, events,
+    /// each stream's send queue), scratch buffers, a stream table that
+    /// grew. For a connection idle for a while (the driver calls it when
+    /// it releases its own idle buffers); whatever is needed again is
+    /// allocated again.
+    pub fn release_idle(&mut self) {
+        fn empty<T>(q: &mut VecDeque<T>) {
+            if q.is_empty() {
+                *q = VecDeque::new();
+            }
+        }
+        empty(&mut self.control);
+        empty(&mut self.ready);
+        empty(&mut self.events);
+        for s in self.streams.values_mut() {
+            empty(&mut s.queue);
+        }
+        self.streams.shrink();
+        if self.scratch.is_empty() {
+            self.scratch = BytesMut::new();
+        }
+        self.decoder.release_scratch();
     }
 
     /// Events are waiting for [`Connection::poll_event`].

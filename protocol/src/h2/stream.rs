@@ -12,7 +12,7 @@
 //! apart from frames on never-opened ids (RFC 9113 §5.1: ignore frames after
 //! our RST_STREAM, STREAM_CLOSED for frames after a normal close).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use bytes::Bytes;
@@ -158,8 +158,8 @@ impl Hasher for IdHasher {
     }
 }
 
-/// Stream table.
-pub(crate) type StreamMap = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
+/// Stream table: a kube-apiserver dial's connection holds one stream.
+pub(crate) type StreamMap = crate::maps::SmallMap<u32, Stream, BuildHasherDefault<IdHasher>>;
 
 /// How a remembered stream was closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,7 +174,9 @@ pub(crate) enum Closed {
     Ended,
 }
 
-/// The most recently closed stream ids (bounded).
+/// The most recently closed stream ids (bounded). It grows as streams
+/// close, up to `cap`: a connection that closes one stream (a
+/// kube-apiserver dial) holds one entry, not `cap`.
 #[derive(Debug)]
 pub(crate) struct ClosedRing {
     ids: VecDeque<(u32, Closed)>,
@@ -184,7 +186,7 @@ pub(crate) struct ClosedRing {
 impl ClosedRing {
     pub(crate) fn new(cap: usize) -> Self {
         Self {
-            ids: VecDeque::with_capacity(cap),
+            ids: VecDeque::new(),
             cap,
         }
     }

@@ -2,7 +2,8 @@
 //! due, parking and the resume handshake — the layer the agent's tunnel
 //! and the router's backend embed behind small hooks.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::maps::{IdMap, IdSet};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -40,7 +41,7 @@ pub struct Replay {
 #[derive(Debug)]
 pub struct ResumeSession {
     limits: ResumeLimits,
-    conns: HashMap<i64, ConnResume>,
+    conns: IdMap<i64, ConnResume>,
     state: SessionState,
     /// Connections whose ACK is due by time (each listed once, flagged in
     /// [`ConnResume`]; ids of forgotten ones are skipped).
@@ -48,7 +49,7 @@ pub struct ResumeSession {
     /// Handshake packets to send (ACKs announcing offsets, RESUMED).
     out: VecDeque<Packet>,
     /// The connections the peer announced during the handshake.
-    announced: HashSet<i64>,
+    announced: IdSet<i64>,
 }
 
 impl ResumeSession {
@@ -56,11 +57,11 @@ impl ResumeSession {
     pub fn new(limits: ResumeLimits) -> Self {
         Self {
             limits,
-            conns: HashMap::new(),
+            conns: IdMap::default(),
             state: SessionState::Live,
             ack_owed: Vec::new(),
             out: VecDeque::new(),
-            announced: HashSet::new(),
+            announced: IdSet::default(),
         }
     }
 

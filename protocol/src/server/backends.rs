@@ -17,6 +17,7 @@
 //! number), so selection is deterministic in tests. Each core keeps a replica;
 //! entries name the core that owns the backend's tunnel.
 
+use crate::maps::IdMap;
 use std::collections::HashMap;
 
 use konn_frames::url;
@@ -178,7 +179,7 @@ impl Storage {
 #[derive(Debug)]
 pub struct Directory {
     strategies: Vec<Strategy>,
-    entries: HashMap<BackendId, Entry>,
+    entries: IdMap<BackendId, Entry>,
     default: Storage,
     dest_host: Storage,
     default_route: Storage,
@@ -189,7 +190,7 @@ impl Directory {
     pub fn new(strategies: Vec<Strategy>) -> Self {
         Self {
             strategies,
-            entries: HashMap::new(),
+            entries: IdMap::default(),
             default: Storage::default(),
             dest_host: Storage::default(),
             default_route: Storage::default(),

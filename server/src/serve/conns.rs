@@ -3,6 +3,10 @@
 //! or HTTP CONNECT, over a Unix socket or TCP+mTLS), and one that migrated
 //! here from another core.
 
+use std::pin::Pin;
+
+use konn_core::io::driver::Detached;
+
 use super::*;
 
 /// Remember a connection of `cluster` for a graceful shutdown and for the
@@ -163,13 +167,17 @@ pub(super) enum FrontSock {
     Unix(UnixStream),
 }
 
-pub(super) async fn serve_frontend(
-    worker: Rc<Worker>,
+/// Set up a frontend connection and spawn its task. Synchronous, so the
+/// task holds only the future that serves the connection (a set-up step
+/// awaited inside the task would size it for its largest state for the
+/// connection's whole life).
+pub(super) fn serve_frontend(
+    worker: &Rc<Worker>,
     cluster: Rc<Cluster>,
     sock: FrontSock,
     migrate: Rc<dyn Fn(usize, Migrant)>,
 ) {
-    let s = worker.settings.clone();
+    let s = &worker.settings;
     let fe = &cluster.settings.frontend;
     let tls = match (&sock, fe.tls.as_ref()) {
         (FrontSock::Tcp(_), Some(t)) => match t.layer() {
@@ -187,13 +195,13 @@ pub(super) async fn serve_frontend(
                 Connection::new(s.frontend_h2(), konn_core::io::clock::now()),
                 s.max_message,
             );
-            let c = cluster;
+            let (w, c) = (worker.clone(), cluster);
             match sock {
                 FrontSock::Tcp(t) => {
-                    run_grpc_frontend(worker, c, t, grpc, tls, None, migrate).await
+                    worker.spawn(run_grpc_frontend(w, c, t, grpc, tls, None, migrate));
                 }
                 FrontSock::Unix(u) => {
-                    run_grpc_frontend(worker, c, u, grpc, tls, None, migrate).await
+                    worker.spawn(run_grpc_frontend(w, c, u, grpc, tls, None, migrate));
                 }
             }
         }
@@ -206,9 +214,7 @@ pub(super) async fn serve_frontend(
                 tls,
                 BytesMut::new(),
             );
-            // Boxed: the CONNECT state is larger than the gRPC one and
-            // would otherwise size every gRPC frontend's task.
-            Box::pin(connect_frontend(worker, cluster, wire, migrate)).await;
+            worker.spawn(connect_frontend(worker.clone(), cluster, wire, migrate));
         }
     }
 }
@@ -257,7 +263,9 @@ impl Movable for UnixStream {
 /// The set-up is synchronous and only the driver loop is async, so the
 /// task's state does not keep room for `grpc` and `tls` after they moved
 /// into the driver (an `async fn` keeps its arguments' slots alive: 2.4 KiB
-/// per idle connection).
+/// per idle connection). For the same reason the driver's outcome (a whole
+/// detached connection when it moves) is handled by [`after_frontend`]
+/// outside the future.
 fn run_grpc_frontend<IO: Movable>(
     worker: Rc<Worker>,
     cluster: Rc<Cluster>,
@@ -267,7 +275,7 @@ fn run_grpc_frontend<IO: Movable>(
     resumed: Option<((BytesMut, BytesMut), Plan)>,
     migrate: Rc<dyn Fn(usize, Migrant)>,
 ) -> impl Future<Output = ()> {
-    let s = worker.settings.clone();
+    let s = &worker.settings;
     let outbox = Rc::new(Outbox::new());
     let plan = Rc::new(RefCell::new(None));
     let mut handler = FrontendConn::new(
@@ -305,44 +313,60 @@ fn run_grpc_frontend<IO: Movable>(
     async move {
         let outcome = handle.run_detachable(io).await;
         cluster.untrack(&worker, id);
-        match outcome {
-            Ok(Some(detached)) => {
-                let Some(plan) = plan.borrow_mut().take() else {
-                    return;
-                };
-                let target = plan.target;
-                match detached.io.detach() {
-                    Ok(fd) => migrate(
-                        target,
-                        Migrant {
-                            cluster: cluster.id,
-                            fd,
-                            kind: MigrantKind::Grpc {
-                                session: Box::new(detached.session),
-                                tls: detached.tls,
-                                input: detached.input,
-                                plan,
-                            },
-                        },
-                    ),
-                    Err((io, e)) => {
-                        // Served here after all; its flows are relayed.
-                        tracing::debug!(error = %e, "frontend connection cannot move; serving it here");
-                        let here = run_grpc_frontend(
-                            worker.clone(),
-                            cluster.clone(),
-                            io,
-                            detached.session,
-                            detached.tls,
-                            Some((detached.input, plan)),
-                            migrate,
-                        );
-                        Box::pin(here).await;
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(e) => tracing::debug!(error = %e, "frontend connection ended"),
+        if let Some(here) = after_frontend(worker, cluster, outcome, &plan, migrate) {
+            here.await;
+        }
+    }
+}
+
+/// What follows a gRPC frontend's driver loop: nothing, a move to another
+/// core, or — when the socket cannot move — serving it here after all
+/// (the returned future; its flows are relayed).
+fn after_frontend<IO: Movable>(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    outcome: Result<Option<Detached<IO, Grpc>>, Error>,
+    plan: &RefCell<Option<Plan>>,
+    migrate: Rc<dyn Fn(usize, Migrant)>,
+) -> Option<Pin<Box<dyn Future<Output = ()>>>> {
+    let detached = match outcome {
+        Ok(Some(detached)) => detached,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::debug!(error = %e, "frontend connection ended");
+            return None;
+        }
+    };
+    let plan = plan.borrow_mut().take()?;
+    let target = plan.target;
+    match detached.io.detach() {
+        Ok(fd) => {
+            migrate(
+                target,
+                Migrant {
+                    cluster: cluster.id,
+                    fd,
+                    kind: MigrantKind::Grpc {
+                        session: Box::new(detached.session),
+                        tls: detached.tls,
+                        input: detached.input,
+                        plan,
+                    },
+                },
+            );
+            None
+        }
+        Err((io, e)) => {
+            tracing::debug!(error = %e, "frontend connection cannot move; serving it here");
+            Some(Box::pin(run_grpc_frontend(
+                worker,
+                cluster,
+                io,
+                detached.session,
+                detached.tls,
+                Some((detached.input, plan)),
+                migrate,
+            )))
         }
     }
 }
@@ -399,12 +423,15 @@ async fn connect_frontend(
     }
 }
 
-/// Continue a frontend that moved to this worker.
-pub(super) async fn adopt(worker: Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, Migrant)>) {
+/// Continue a frontend that moved to this worker: spawn the task that
+/// serves it. Synchronous, so that task holds neither the migrant nor the
+/// box its session travelled in.
+pub(super) fn adopt(worker: &Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, Migrant)>) {
     // Its cluster was removed meanwhile: the connection closes (dropped).
     let Some(cluster) = worker.clusters.borrow().get(&m.cluster).cloned() else {
         return;
     };
+    let w = worker.clone();
     match (m.fd, m.kind) {
         (
             fd,
@@ -414,22 +441,23 @@ pub(super) async fn adopt(worker: Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usi
                 input,
                 plan,
             },
-        ) => match fd {
-            MovingFd::Tcp(f) => match f.attach() {
-                Ok(sock) => {
-                    let resumed = Some((input, plan));
-                    run_grpc_frontend(worker, cluster, sock, *session, tls, resumed, migrate).await
-                }
-                Err(e) => tracing::warn!(error = %e, "could not adopt a frontend"),
-            },
-            MovingFd::Unix(f) => match f.attach() {
-                Ok(sock) => {
-                    let resumed = Some((input, plan));
-                    run_grpc_frontend(worker, cluster, sock, *session, tls, resumed, migrate).await
-                }
-                Err(e) => tracing::warn!(error = %e, "could not adopt a frontend"),
-            },
-        },
+        ) => {
+            let resumed = Some((input, plan));
+            match fd {
+                MovingFd::Tcp(f) => match f.attach() {
+                    Ok(sock) => worker.spawn(run_grpc_frontend(
+                        w, cluster, sock, *session, tls, resumed, migrate,
+                    )),
+                    Err(e) => tracing::warn!(error = %e, "could not adopt a frontend"),
+                },
+                MovingFd::Unix(f) => match f.attach() {
+                    Ok(sock) => worker.spawn(run_grpc_frontend(
+                        w, cluster, sock, *session, tls, resumed, migrate,
+                    )),
+                    Err(e) => tracing::warn!(error = %e, "could not adopt a frontend"),
+                },
+            }
+        }
         (fd, MigrantKind::Connect { tls, plain, target }) => {
             let sock = match fd {
                 MovingFd::Tcp(f) => f.attach().map(Sock::Tcp),
@@ -437,9 +465,8 @@ pub(super) async fn adopt(worker: Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usi
             };
             match sock {
                 Ok(sock) => {
-                    // Boxed for the reason given in `serve_frontend`.
                     let wire = Wire::new(sock, tls, plain);
-                    Box::pin(serve_connect(worker, cluster, wire, target)).await
+                    worker.spawn(serve_connect(w, cluster, wire, target));
                 }
                 Err(e) => tracing::warn!(error = %e, "could not adopt a CONNECT connection"),
             }

@@ -490,7 +490,7 @@ async fn worker_main(
             .serve(&worker_stop, 64, move |msg| match msg {
                 Msg::Cluster { cluster, msg } => w.cluster_message(cluster, msg),
                 Msg::Adopt(m2) => {
-                    w.spawn(adopt(w.clone(), *m2, m.clone()));
+                    adopt(&w, *m2, m.clone());
                 }
                 Msg::Shutdown => stop_connections(&w, Stop::Graceful),
                 Msg::ClusterUp(start) => start_cluster(&w, &start, &s, &m),
@@ -564,12 +564,7 @@ fn start_cluster(
         worker.spawn(async move {
             let accept = accept_loop(&l, &s, |sock: TcpStream| {
                 let _ = sock.set_nodelay(true);
-                w.spawn(serve_frontend(
-                    w.clone(),
-                    c.clone(),
-                    FrontSock::Tcp(sock),
-                    m.clone(),
-                ));
+                serve_frontend(&w, c.clone(), FrontSock::Tcp(sock), m.clone());
             });
             let _ = race(accept, c.stopping.wait()).await;
         });
@@ -587,12 +582,7 @@ fn start_cluster(
         );
         worker.spawn(async move {
             let accept = accept_loop(&l, &s, |sock: UnixStream| {
-                w.spawn(serve_frontend(
-                    w.clone(),
-                    c.clone(),
-                    FrontSock::Unix(sock),
-                    m.clone(),
-                ));
+                serve_frontend(&w, c.clone(), FrontSock::Unix(sock), m.clone());
             });
             let _ = race(accept, c.stopping.wait()).await;
         });

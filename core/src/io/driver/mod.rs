@@ -9,11 +9,15 @@
 //!            ┌──────────── writer task ────────────┐          ▼ commands (send, release, …)
 //!  socket ◄──│ write ◄ TLS encrypt ◄ session.poll_transmit ◄─────┘   via ConnHandle::with
 //!            └───────────────────────────────────────┘
-//!            timer task: session timers at poll_timeout, TLS handshake deadline
+//!            deadline (the thread's timer, `io::timers`): session timers at
+//!            poll_timeout, TLS handshake, write timeout, idle buffer release
 //! ```
 //!
-//! All three tasks run on the connection's core and share one [`Conn`]
-//! through `Rc`; they wake each other with [`Notify`]. The handler is called
+//! Both tasks run on the connection's core and share one [`Conn`] through
+//! `Rc`; they wake each other with [`Notify`]. The connection's deadlines
+//! are one [`Deadline`] on the thread's timer, which calls back into the
+//! connection when it passes: no timer task and no 640-byte monoio timer
+//! per connection. The handler is called
 //! synchronously for every event with `&mut` session, so it can answer at once;
 //! other tasks (e.g. the agent's destination sockets) reach the connection
 //! through a [`ConnHandle`].
@@ -58,11 +62,11 @@
 //! without yielding).
 //!
 //! **Timers.** Input and commands usually only move the keepalive deadline
-//! later; the timer task is woken only when a deadline comes sooner than the
-//! one it sleeps towards.
+//! later; the connection's [`Deadline`] is moved only when a deadline comes
+//! sooner than the one it is armed for (a later one is found when it
+//! expires).
 
 use std::cell::{Cell, RefCell};
-use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -74,6 +78,7 @@ use super::notify::Notify;
 use super::pool::{BUF_CAPACITY, BufPool, LARGE_BUF_CAPACITY, Size};
 use super::runtime::{Either, race};
 use super::sock::ReadReady;
+use super::timers::{Deadline, Expire};
 use super::tls::{Plaintext, TlsLayer};
 use crate::Error;
 
@@ -145,18 +150,20 @@ pub struct Conn<S, H> {
     handler: RefCell<H>,
     wake_writer: Notify,
     wake_reader: Notify,
-    wake_timer: Notify,
-    /// The deadline the timer task sleeps towards (`None`: it waits for a
-    /// notification only). A later deadline needs no wake-up: the timer
-    /// finds it when it fires (see [`Conn::poke_timer`]).
-    armed: Cell<Option<monoio::time::Instant>>,
+    /// The next of the connection's deadlines on the thread's timer (see
+    /// [`Conn::rearm`]). A later deadline needs no move: it is found when
+    /// this one expires (see [`Conn::poke_timer`]).
+    deadline: Deadline,
+    /// The TLS handshake must be done by then (set when the connection
+    /// starts running; `None` before).
+    handshake_deadline: Cell<Option<monoio::time::Instant>>,
     /// When the socket write in progress times out (`None`: no write in
-    /// progress, or no write timeout). The timer task enforces it.
+    /// progress, or no write timeout). [`Conn::expire`] enforces it.
     write_deadline: Cell<Option<monoio::time::Instant>>,
     /// Ends a write that passed its deadline.
     write_abort: Notify,
-    /// When the writer's last write started; the timer task releases the
-    /// buffers of a writer that has been idle since for [`IDLE_RELEASE`].
+    /// When the writer's last write started; the connection's deadline
+    /// releases the buffers of a writer idle since for [`IDLE_RELEASE`].
     write_idle_since: Cell<Option<monoio::time::Instant>>,
     /// Tells an idle writer to give its buffers back.
     release_writer: Notify,
@@ -172,14 +179,15 @@ pub struct Conn<S, H> {
     /// waiting when `closing` fired (a `Notify` holds one wake-up only).
     reader_stopped: Cell<bool>,
     closed: Cell<bool>,
-    error: RefCell<Option<Error>>,
+    /// Boxed, as the cold fields below: only a failing connection has one.
+    error: RefCell<Option<Box<Error>>>,
     cfg: DriverConfig,
     /// Stop at the next quiescent point and hand the connection over
     /// (see [`ConnHandle::run_detachable`]).
     detach: Rc<Cell<bool>>,
     /// Input already read, for a resumed connection: (raw or ciphertext,
     /// plaintext).
-    initial_input: RefCell<Option<(BytesMut, BytesMut)>>,
+    initial_input: RefCell<Option<Box<(BytesMut, BytesMut)>>>,
 }
 
 /// A connection stopped by [`ConnHandle::run_detachable`] between two
@@ -241,14 +249,14 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         session
             .h2_mut()
             .set_deadlines(cfg.preface_timeout, cfg.idle_timeout);
-        Self(Rc::new(Conn {
+        Self(Rc::new_cyclic(|me: &std::rc::Weak<Conn<S, H>>| Conn {
+            deadline: Deadline::new(me.clone()),
+            handshake_deadline: Cell::new(None),
             session: RefCell::new(session),
             tls: RefCell::new(tls.map(Box::new)),
             handler: RefCell::new(handler),
             wake_writer: Notify::new(),
             wake_reader: Notify::new(),
-            wake_timer: Notify::new(),
-            armed: Cell::new(None),
             write_deadline: Cell::new(None),
             write_abort: Notify::new(),
             write_idle_since: Cell::new(None),
@@ -275,7 +283,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         cfg: DriverConfig,
     ) -> Self {
         let h = Self::new(session, tls, handler, cfg);
-        *h.0.initial_input.borrow_mut() = Some(input);
+        *h.0.initial_input.borrow_mut() = Some(Box::new(input));
         h
     }
 
@@ -393,15 +401,16 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     {
         let conn = self.0.clone();
         let writer = monoio::spawn(async move { conn.write_loop(wr).await });
-        let conn = self.0.clone();
-        let timer = monoio::spawn(async move { conn.timer_loop().await });
+        self.0
+            .handshake_deadline
+            .set(monoio::time::Instant::now().checked_add(self.0.cfg.handshake_timeout));
+        self.0.rearm();
         let (read_result, rd, input) = self.0.read_loop(rd).await;
         if read_result.is_ok() && self.0.detach.get() {
-            // Stop the writer once it has flushed, and the timer.
+            // Stop the writer once it has flushed; no deadline meanwhile.
             self.0.wake_writer.notify();
-            self.0.wake_timer.notify();
             let write_result = writer.await;
-            timer.await;
+            self.0.deadline.set(None);
             if let (Ok(Some(wr)), Some(rd)) = (write_result, rd) {
                 let session =
                     std::mem::replace(&mut *self.0.session.borrow_mut(), S::placeholder());
@@ -422,13 +431,13 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
                 .error
                 .borrow_mut()
                 .take()
-                .unwrap_or(Error::ConnectionClosed));
+                .map_or(Error::ConnectionClosed, |e| *e));
         }
         self.0.finish(read_result.err());
         let write_result = writer.await;
         self.0.finish(write_result.err());
-        timer.await;
-        let err = self.0.error.borrow_mut().take();
+        self.0.deadline.set(None);
+        let err = self.0.error.borrow_mut().take().map(|e| *e);
         {
             let mut session = self.0.session.borrow_mut();
             self.0
@@ -473,27 +482,66 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         }
     }
 
-    /// Wakes the timer task if the session's next deadline comes before the
-    /// one it sleeps towards. Most input and commands only move the
-    /// keepalive deadline later; those cost no wake-up and no new timer.
+    /// Moves the connection's deadline if the session's next deadline
+    /// comes before it. Most input and commands only move the keepalive
+    /// deadline later; those cost nothing here.
     fn poke_timer(&self) {
         if let Some(next) = self.session.borrow().h2().poll_timeout() {
             self.poke_timer_at(monoio::time::Instant::from_std(next));
         }
     }
 
-    /// Wakes the timer task if `at` comes before the deadline it sleeps
-    /// towards.
+    /// Moves the connection's deadline to `at` if that is sooner (once the
+    /// connection runs: [`Conn::rearm`] at its start sees everything).
     fn poke_timer_at(&self, at: monoio::time::Instant) {
-        if self.armed.get().is_none_or(|armed| at < armed) {
-            self.wake_timer.notify();
+        if self.handshake_deadline.get().is_none() || self.closed.get() {
+            return;
         }
+        if self.deadline.get().is_none_or(|armed| at < armed) {
+            self.deadline.set(Some(at));
+        }
+    }
+
+    /// Arms the connection's deadline for the soonest of the session's
+    /// timers, the write in progress, the idle writer's buffer release and
+    /// the TLS handshake.
+    fn rearm(&self) {
+        if self.closed.get() || self.detach.get() {
+            self.deadline.set(None);
+            return;
+        }
+        let sooner = |a: Option<monoio::time::Instant>, b| match (a, b) {
+            (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
+            (a, b) => a.or(b),
+        };
+        let h2_deadline = self
+            .session
+            .borrow()
+            .h2()
+            .poll_timeout()
+            .map(monoio::time::Instant::from_std);
+        let mut deadline = sooner(h2_deadline, self.write_deadline.get());
+        deadline = sooner(
+            deadline,
+            self.write_idle_since.get().map(|t| t + IDLE_RELEASE),
+        );
+        if self.handshaking() {
+            deadline = sooner(deadline, self.handshake_deadline.get());
+        }
+        self.deadline.set(deadline);
+    }
+
+    fn handshaking(&self) -> bool {
+        self.tls
+            .borrow()
+            .as_ref()
+            .is_some_and(|t| t.is_handshaking())
     }
 
     /// Mark the connection finished, remembering the first error.
     fn finish(&self, err: Option<Error>) {
         if let Some(e) = err {
-            self.error.borrow_mut().get_or_insert(e);
+            self.error.borrow_mut().get_or_insert_with(|| Box::new(e));
         }
         if !self.closed.replace(true) {
             self.session.borrow_mut().connection_lost();
@@ -501,7 +549,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         }
         self.stop_reader();
         self.wake_writer.notify();
-        self.wake_timer.notify();
+        self.deadline.set(None);
     }
 
     /// End the read loop, now or at its next check.
@@ -516,7 +564,12 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         &self,
         rd: R,
     ) -> (Result<(), Error>, Option<R>, (BytesMut, BytesMut)) {
-        let (mut buf, mut plain) = self.initial_input.borrow_mut().take().unwrap_or_default();
+        let (mut buf, mut plain) = self
+            .initial_input
+            .borrow_mut()
+            .take()
+            .map(|i| *i)
+            .unwrap_or_default();
         let mut rd = Some(rd);
         let r = self.read_inner(&mut rd, &mut buf, &mut plain).await;
         (r, rd, (buf, plain))
@@ -782,8 +835,8 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                     self.wake_writer.notified().await;
                     continue;
                 }
-                // Idle with buffers: the timer task says when to give them
-                // back (no timer of the writer's own).
+                // Idle with buffers: the connection's deadline says when
+                // to give them back (no timer of the writer's own).
                 if let Some(since) = last_write {
                     self.write_idle_since.set(Some(since));
                     self.poke_timer_at(since + IDLE_RELEASE);
@@ -798,8 +851,9 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 }
                 continue;
             }
-            // The timer task ends a write that makes no complete progress
-            // within the write timeout (no timer per write).
+            // The connection's deadline ends a write that makes no
+            // complete progress within the write timeout (no timer per
+            // write).
             let started = monoio::time::Instant::now();
             last_write = Some(started);
             let deadline = started.checked_add(self.cfg.write_timeout);
@@ -849,93 +903,55 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         result.map(|()| None)
     }
 
-    async fn timer_loop(&self) {
-        let handshake_deadline = monoio::time::Instant::now() + self.cfg.handshake_timeout;
-        // One timer per connection, boxed and re-armed in place: inline, its
-        // 640 bytes (128-byte aligned) made this task 1.4 KiB for every
-        // connection; boxed, it is allocated once, when the first deadline
-        // appears.
-        let mut timer: Option<Pin<Box<monoio::time::Sleep>>> = None;
-        loop {
-            if self.closed.get() || self.detach.get() {
-                return;
-            }
-            let handshaking = self
-                .tls
-                .borrow()
-                .as_ref()
-                .is_some_and(|t| t.is_handshaking());
-            let sooner = |a: Option<monoio::time::Instant>, b| match (a, b) {
-                (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
-                (a, b) => a.or(b),
-            };
-            let h2_deadline = self
-                .session
-                .borrow()
-                .h2()
-                .poll_timeout()
-                .map(monoio::time::Instant::from_std);
-            let mut deadline = sooner(h2_deadline, self.write_deadline.get());
-            deadline = sooner(
-                deadline,
-                self.write_idle_since.get().map(|t| t + IDLE_RELEASE),
-            );
-            if handshaking {
-                deadline = sooner(deadline, Some(handshake_deadline));
-            }
-            self.armed.set(deadline);
-            let Some(deadline) = deadline else {
-                self.wake_timer.notified().await;
-                continue;
-            };
-            let timer = match &mut timer {
-                Some(t) => {
-                    if t.deadline() != deadline {
-                        t.as_mut().reset(deadline);
-                    }
-                    t
-                }
-                None => timer.insert(Box::pin(monoio::time::sleep_until(deadline))),
-            };
-            if let Either::Right(()) = race(timer.as_mut(), self.wake_timer.notified()).await {
-                continue;
-            }
-            let now = monoio::time::Instant::now();
-            if self
-                .write_idle_since
-                .get()
-                .is_some_and(|t| now >= t + IDLE_RELEASE)
-            {
-                self.write_idle_since.set(None);
-                self.release_writer.notify();
-                if let Some(t) = self.tls.borrow_mut().as_mut() {
-                    t.release_idle();
-                }
-            }
-            if self.write_deadline.get().is_some_and(|d| now >= d) {
-                self.finish(Some(Error::WriteTimeout(self.cfg.write_timeout)));
-                self.write_abort.notify();
-                return;
-            }
-            if handshaking
-                && now >= handshake_deadline
-                && self
-                    .tls
-                    .borrow()
-                    .as_ref()
-                    .is_some_and(|t| t.is_handshaking())
-            {
-                self.finish(Some(Error::TlsHandshakeTimeout(self.cfg.handshake_timeout)));
-                return;
-            }
-            self.session
-                .borrow_mut()
-                .handle_timeout(super::clock::now());
-            self.dispatch();
-            if let Some(e) = self.session.borrow().h2().error() {
-                self.error.borrow_mut().get_or_insert(e.into());
-            }
-            self.wake_writer.notify();
+    /// The connection's deadline passed: enforce what is due, run the
+    /// session's timers and arm the next deadline.
+    fn on_deadline(&self) {
+        if self.closed.get() || self.detach.get() {
+            return;
         }
+        let now = monoio::time::Instant::now();
+        if self
+            .write_idle_since
+            .get()
+            .is_some_and(|t| now >= t + IDLE_RELEASE)
+        {
+            self.write_idle_since.set(None);
+            self.release_writer.notify();
+            if let Some(t) = self.tls.borrow_mut().as_mut() {
+                t.release_idle();
+            }
+            self.session.borrow_mut().release_idle();
+            self.handler.borrow_mut().release_idle();
+        }
+        if self.write_deadline.get().is_some_and(|d| now >= d) {
+            self.finish(Some(Error::WriteTimeout(self.cfg.write_timeout)));
+            self.write_abort.notify();
+            return;
+        }
+        if self
+            .handshake_deadline
+            .get()
+            .is_some_and(|d| now >= d && self.handshaking())
+        {
+            self.finish(Some(Error::TlsHandshakeTimeout(self.cfg.handshake_timeout)));
+            return;
+        }
+        self.session
+            .borrow_mut()
+            .handle_timeout(super::clock::now());
+        self.dispatch();
+        if let Some(e) = self.session.borrow().h2().error() {
+            self.error
+                .borrow_mut()
+                .get_or_insert_with(|| Box::new(e.into()));
+        }
+        self.wake_writer.notify();
+        self.rearm();
+    }
+}
+
+impl<S: Session, H: Handler<S>> Expire for Conn<S, H> {
+    fn expire(&self) {
+        self.on_deadline();
     }
 }

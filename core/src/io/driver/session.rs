@@ -29,6 +29,9 @@ pub trait Session {
     fn h2_mut(&mut self) -> &mut Connection;
     /// Events are waiting for [`Session::poll_event`].
     fn has_events(&self) -> bool;
+    /// The connection has been idle a while: give back memory held for
+    /// bursts (empty queues' capacity, scratch buffers).
+    fn release_idle(&mut self);
     /// An inert value left behind when the real session is moved out of a
     /// detached connection.
     fn placeholder() -> Self
@@ -62,6 +65,9 @@ impl Session for Grpc {
     fn has_events(&self) -> bool {
         Self::has_events(self)
     }
+    fn release_idle(&mut self) {
+        Self::release_idle(self);
+    }
     fn placeholder() -> Self {
         Self::new(<Connection as Session>::placeholder(), 0)
     }
@@ -93,6 +99,9 @@ impl Session for Connection {
     fn has_events(&self) -> bool {
         Self::has_events(self)
     }
+    fn release_idle(&mut self) {
+        Self::release_idle(self);
+    }
     fn placeholder() -> Self {
         Self::new(
             konn_protocol::h2::Config::new(konn_protocol::h2::Role::Server),
@@ -114,4 +123,8 @@ pub trait Handler<S: Session> {
     /// The connection is finished (for gRPC: all calls have had their
     /// `Finished` event). Called once.
     fn on_close(&mut self, _session: &mut S, _error: Option<&Error>) {}
+
+    /// The connection has been idle a while (its writer gave its buffers
+    /// back): give back what the handler holds for bursts.
+    fn release_idle(&mut self) {}
 }

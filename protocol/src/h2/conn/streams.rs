@@ -36,13 +36,13 @@ impl Connection {
         }
         let mut buf = BytesMut::with_capacity(fragment.len() * 2);
         buf.extend_from_slice(fragment);
-        self.block = Some(PartialBlock {
+        self.block = Some(Box::new(PartialBlock {
             id,
             end_stream,
             reset,
             buf,
             continuations: 0,
-        });
+        }));
     }
 
     pub(super) fn on_continuation(

@@ -390,9 +390,9 @@ impl Router {
         };
         b.established.insert(connect_id, fid);
         if let Some(f) = self.frontends.get_mut(&fid) {
-            f.established.push((id, connect_id));
+            push_one(&mut f.established, (id, connect_id));
             f.rx_backend.get_or_insert(id);
-            f.permits.push(std::mem::take(&mut p.permit));
+            push_one(&mut f.permits, std::mem::take(&mut p.permit));
             f.account.connect_id = connect_id;
         }
         self.actions.push_back(Action::DialSucceeded(

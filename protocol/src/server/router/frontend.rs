@@ -11,7 +11,7 @@ impl Router {
 
     /// A frontend appeared.
     pub fn frontend_opened(&mut self, id: FrontendId, kind: FrontendKind) {
-        self.frontends.insert(id, Frontend::new(kind));
+        self.frontends.insert(id, Box::new(Frontend::new(kind)));
     }
 
     /// Name the client of a frontend for the per-frontend limits: the IO
@@ -393,7 +393,7 @@ impl Router {
         f.backend = Some(backend);
         f.account.backend = Some(backend);
         f.account.agent_id = Some(agent_id);
-        f.pending.push(dial);
+        push_one(&mut f.pending, dial);
         b.pending.insert(dial);
         self.pending.insert(
             dial,

@@ -51,7 +51,8 @@
 //! goes ([`Router::backend_gone`], on the tunnel core's announcement): credit
 //! its flows withheld may still have to go back after they closed.
 
-use std::collections::{BTreeSet, HashMap};
+use crate::maps::IdMap;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use crate::flow::{FlowLimits, FlowRx, Signal, Step};
@@ -376,6 +377,17 @@ struct Frontend {
     account: Account,
 }
 
+/// Pushes onto one of a frontend's lists, which almost always hold one
+/// item (one dial per kube-apiserver connection): the first push reserves
+/// room for exactly one, not the four a `Vec` starts with (a `Permit` list
+/// of four is 288 bytes per frontend).
+pub(super) fn push_one<T>(v: &mut Vec<T>, item: T) {
+    if v.capacity() == 0 {
+        v.reserve_exact(1);
+    }
+    v.push(item);
+}
+
 impl Frontend {
     fn new(kind: FrontendKind) -> Self {
         Self {
@@ -400,7 +412,7 @@ impl Frontend {
 struct Backend {
     /// Established connections of this core's frontends: connectID →
     /// frontend.
-    established: HashMap<i64, FrontendId>,
+    established: IdMap<i64, FrontendId>,
     /// Pending dials of this core's frontends sent to this backend.
     pending: BTreeSet<i64>,
     /// The agent negotiated konn's flow-control extension.
@@ -408,10 +420,10 @@ struct Backend {
     /// `Some(core)`: a proxy of a tunnel on that core (module docs).
     remote: Option<usize>,
     /// A local tunnel's dials from other cores' frontends: random → core.
-    relay_pending: HashMap<i64, usize>,
+    relay_pending: IdMap<i64, usize>,
     /// A local tunnel's connections of other cores' frontends: connectID
     /// → core (until CLOSE_RSP or the tunnel ends).
-    relay_established: HashMap<i64, usize>,
+    relay_established: IdMap<i64, usize>,
     /// The reverse direction on this tunnel (KEP-2025).
     reverse: ReverseState,
 }
@@ -445,9 +457,11 @@ pub struct RouterStats {
 pub struct Router {
     cfg: RouterConfig,
     directory: Directory,
-    backends: HashMap<BackendId, Backend>,
-    frontends: HashMap<FrontendId, Frontend>,
-    pending: HashMap<i64, Pending>,
+    backends: IdMap<BackendId, Backend>,
+    /// Boxed: a frontend is 320 bytes, and a table sized for thousands of
+    /// them keeps up to twice as many slots as entries.
+    frontends: IdMap<FrontendId, Box<Frontend>>,
+    pending: IdMap<i64, Pending>,
     actions: std::collections::VecDeque<Action>,
     /// `konn-resume` sessions of local backends (`resume.rs`).
     resume: resume::ResumeState,
@@ -459,9 +473,9 @@ impl Router {
         Self {
             cfg,
             directory,
-            backends: HashMap::new(),
-            frontends: HashMap::new(),
-            pending: HashMap::new(),
+            backends: IdMap::default(),
+            frontends: IdMap::default(),
+            pending: IdMap::default(),
             actions: std::collections::VecDeque::new(),
             resume: resume::ResumeState::default(),
         }

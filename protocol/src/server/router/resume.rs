@@ -10,7 +10,7 @@
 //! [`Router::backend_resumed`] or the window's end. Inert unless
 //! [`Router::set_resume`] was called.
 
-use std::collections::HashMap;
+use crate::maps::IdMap;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -27,8 +27,8 @@ pub const RESUME_VIOLATION: &str = "konn: resume protocol violation; connection 
 /// directory entries of parked ones.
 #[derive(Debug, Default)]
 pub(super) struct ResumeState {
-    sessions: HashMap<BackendId, ResumeSession>,
-    parked: HashMap<BackendId, Entry>,
+    sessions: IdMap<BackendId, ResumeSession>,
+    parked: IdMap<BackendId, Entry>,
 }
 
 impl Router {

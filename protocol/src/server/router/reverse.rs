@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use konn_frames::packet::{ByteStr, Packet};
 
-use super::{Action, BackendId, Frontend, FrontendId, FrontendKind, Payload, Router};
+use super::{Action, BackendId, Frontend, FrontendId, FrontendKind, Payload, Router, push_one};
 
 /// The one answer to every refused or failed reverse dial.
 pub const REVERSE_REFUSED: &str = "konn: reverse dial refused";
@@ -239,9 +239,9 @@ impl Router {
         let connect_id = b.reverse.next_id();
         b.reverse.open += 1;
         b.established.insert(connect_id, fid);
-        let mut f = Frontend::new(FrontendKind::Reverse);
+        let mut f = Box::new(Frontend::new(FrontendKind::Reverse));
         f.backend = Some(backend);
-        f.established.push((backend, connect_id));
+        push_one(&mut f.established, (backend, connect_id));
         f.rx_backend = Some(backend);
         self.frontends.insert(fid, f);
         self.actions.push_back(Action::ReverseDialed);
