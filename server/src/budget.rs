@@ -18,14 +18,19 @@
 //! that total passes half the budget, or a quarter while the pools find
 //! the budget used up (`MemoryBudget::under_pressure`):
 //!
-//! - the connection being dispatched resets its streams with the largest
-//!   queues (only those above the core's mean per stream, so a busy but
-//!   healthy stream is not the victim) until the total is back under
-//!   3/8 of the budget (or 3/4 of itself, whichever is less): RST_STREAM
-//!   `CANCEL` drops the queue at once, and the agent gets CLOSE_REQ;
-//! - the other frontend connections of the core are poked once so they do
-//!   the same at their next dispatch (a stalled connection receives
-//!   nothing and would not be dispatched otherwise);
+//! - the connection being dispatched, if it holds at least its share of
+//!   the core's queued bytes (the total divided by the core's gRPC
+//!   frontend connections: a client that reads is not made to pay for one
+//!   that does not), resets its streams with the largest queues (only
+//!   those above the core's mean per stream, so a busy but healthy stream
+//!   is not the victim) until the total is back under 3/8 of the budget
+//!   (or 3/4 of itself, whichever is less): RST_STREAM `CANCEL` drops the
+//!   queue at once, and the agent gets CLOSE_REQ;
+//! - if that did not free enough, the other frontend connections of the
+//!   core are poked once so they do the same at their next dispatch (a
+//!   stalled connection receives nothing and would not be dispatched
+//!   otherwise; while the budget bites, a dispatch is asked even when its
+//!   connection's total did not change);
 //! - one warning is logged per episode (until the total is under a
 //!   quarter of the budget again) and
 //!   `konn_memory_budget_resets_total{queue="frontend"}` counts every
@@ -69,6 +74,17 @@ pub struct Shed {
     pub short: usize,
     /// Only streams with at least this much queued are reset.
     pub min_level: usize,
+    /// Bytes queued on the core's gRPC frontend streams: a connection
+    /// holding less than its share of them leaves the shedding to the
+    /// others ([`holds_share`]).
+    pub core_queued: usize,
+}
+
+/// Whether a connection with `total` bytes queued holds at least its
+/// share of `shed.core_queued` among `connections` gRPC frontend
+/// connections (so sheds itself rather than leaving it to the others).
+pub fn holds_share(shed: &Shed, total: usize, connections: usize) -> bool {
+    total.saturating_mul(connections.max(1)) >= shed.core_queued
 }
 
 /// A frontend connection's queued total changed from `old` to `new`
@@ -80,11 +96,11 @@ pub fn account(
     new: usize,
     streams: impl FnOnce() -> usize,
 ) -> Option<Shed> {
-    if old == new {
-        return None;
-    }
     CORE.with(|c| {
         let mut core = c.borrow_mut();
+        if old == new && !core.biting {
+            return None;
+        }
         core.queued = (core.queued + new).saturating_sub(old);
         let queued = core.queued;
         let limit = *core
@@ -119,29 +135,65 @@ pub fn account(
         Some(Shed {
             short: queued.saturating_sub(target).max(MIN_VICTIM),
             min_level: (queued / streams().max(1)).max(MIN_VICTIM),
+            core_queued: queued,
         })
     })
 }
 
-/// Ask every other gRPC frontend connection of `worker` to dispatch (and
-/// so to shed) once. `mine` is the caller's outbox.
-pub fn poke_others(worker: &Worker, mine: &Rc<crate::worker::Outbox>) {
-    if POKING.with(|p| p.replace(true)) {
-        return;
-    }
+/// The outboxes of `worker`'s gRPC frontend connections, one per
+/// connection (only asked while the budget bites).
+pub fn connections(worker: &Worker) -> Vec<Rc<crate::worker::Outbox>> {
     let mut outboxes: Vec<Rc<crate::worker::Outbox>> = Vec::new();
     for cluster in worker.clusters.borrow().values() {
         for f in cluster.frontends.borrow().values() {
             if let FrontendRef::Grpc { outbox, .. } = f
-                && !Rc::ptr_eq(outbox, mine)
                 && !outboxes.iter().any(|o| Rc::ptr_eq(o, outbox))
             {
                 outboxes.push(outbox.clone());
             }
         }
     }
-    for o in outboxes {
+    outboxes
+}
+
+/// Ask every gRPC frontend connection in `outboxes` but the caller's
+/// (`mine`) to dispatch (and so to shed) once.
+pub fn poke_others(outboxes: &[Rc<crate::worker::Outbox>], mine: &Rc<crate::worker::Outbox>) {
+    if POKING.with(|p| p.replace(true)) {
+        return;
+    }
+    for o in outboxes.iter().filter(|o| !Rc::ptr_eq(o, mine)) {
         o.poke();
     }
     POKING.with(|p| p.set(false));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shed(core_queued: usize) -> Shed {
+        Shed {
+            short: MIN_VICTIM,
+            min_level: MIN_VICTIM,
+            core_queued,
+        }
+    }
+
+    #[test]
+    fn a_reading_client_leaves_the_shedding_to_the_hoarder() {
+        // Two connections: one holds 40 MiB, the other 128 KiB.
+        let s = shed((40 << 20) + (128 << 10));
+        assert!(!holds_share(&s, 128 << 10, 2));
+        assert!(holds_share(&s, 40 << 20, 2));
+    }
+
+    #[test]
+    fn equal_shares_all_shed_and_a_lone_connection_always_does() {
+        let s = shed(3 << 20);
+        assert!(holds_share(&s, 1 << 20, 3));
+        assert!(holds_share(&s, 3 << 20, 1));
+        // No connection counted (it is being dropped): still its own share.
+        assert!(holds_share(&s, 3 << 20, 0));
+    }
 }

@@ -215,6 +215,10 @@ impl FrontendConn {
     /// other connections of the core do the same (`crate::budget`).
     fn account(&mut self, grpc: &mut Grpc, total: usize) {
         let old = std::mem::replace(&mut self.queued, total);
+        // Only a change pokes the others: a poked connection whose total
+        // did not move sheds what it can but does not poke back (no
+        // ping-pong while the budget bites).
+        let may_poke = old != total;
         // The budget is the core's: count the streams of every cluster.
         let worker = &self.worker;
         let Some(shed) =
@@ -222,6 +226,14 @@ impl FrontendConn {
         else {
             return;
         };
+        let connections = crate::budget::connections(worker);
+        if !crate::budget::holds_share(&shed, total, connections.len()) {
+            // Another connection holds more than this one: it sheds.
+            if may_poke {
+                crate::budget::poke_others(&connections, &self.outbox);
+            }
+            return;
+        }
         // Stalest first (drained nothing for the longest), then largest.
         let mut victims: Vec<(Instant, std::cmp::Reverse<usize>, u32)> = self
             .streams
@@ -249,8 +261,8 @@ impl FrontendConn {
             let old = std::mem::replace(&mut self.queued, total.saturating_sub(freed));
             let _ = crate::budget::account(&self.worker.pool, old, self.queued, || 1);
         }
-        if freed < shed.short {
-            crate::budget::poke_others(&self.worker, &self.outbox);
+        if freed < shed.short && may_poke {
+            crate::budget::poke_others(&connections, &self.outbox);
         }
     }
 
