@@ -322,6 +322,9 @@ pub struct Worker {
     pub stopped: Cell<bool>,
     /// See `stopped`.
     pub stopping: Broadcast,
+    /// Wakes the router timer (`crate::serve`) for a deadline that came
+    /// sooner than the one it sleeps towards (a parked tunnel's window).
+    pub timer: Notify,
     /// Tasks started with [`Worker::spawn`] that have not ended.
     pub tasks: Rc<TaskCount>,
     /// The process-wide metrics (without `--clusters-config` they hold the
@@ -371,6 +374,7 @@ impl Worker {
             connections: RefCell::new(HashMap::new()),
             stopped: Cell::new(false),
             stopping: Broadcast::new(),
+            timer: Notify::new(),
             tasks: Rc::new(TaskCount::default()),
             all_metrics,
             forwarding: Cell::new(PacketType::Data),

@@ -56,8 +56,13 @@ pub const RESUME_METADATA: &str = "konn-resume";
 /// The only version of the extension.
 pub const RESUME_VERSION: &str = "v1";
 /// The server's response header carrying the tunnel's token (hex), and the
-/// agent's request metadata presenting it on reconnect.
+/// agent's request metadata presenting it on reconnect (as
+/// `<hex>:<serverid>`, one value per parked tunnel; see
+/// [`ResumeToken::presented`]).
 pub const RESUME_TOKEN_METADATA: &str = "konn-resume-token";
+/// The server's response header (value `1`) saying the token presented
+/// resumed a parked tunnel: both sides then announce and replay.
+pub const RESUMED_METADATA: &str = "konn-resumed";
 
 /// How a connection's resume state acknowledges and bounds itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -238,6 +238,12 @@ impl ResumeSession {
         }
     }
 
+    /// Whether some connection owes an ACK by time (O(1): the driver asks
+    /// after input whether its timer must be woken).
+    pub fn ack_timer_pending(&self) -> bool {
+        !self.ack_owed.is_empty()
+    }
+
     /// When an ACK is due by time, or the window ends.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if let SessionState::Parked { deadline } = self.state {

@@ -188,6 +188,21 @@ fn tokens_round_trip_and_never_show() {
     assert_eq!(ResumeToken::parse(&[b'g'; 32]), None);
     assert_eq!(ResumeToken::parse(&[b'+'; 32]), None);
     assert_eq!(format!("{t:?}"), "ResumeToken(..)");
+    let v = t.presented("server-1");
+    assert_eq!(v, format!("{hex}:server-1"));
+    assert_eq!(
+        ResumeToken::parse_presented(v.as_bytes(), "server-1"),
+        Some(t)
+    );
+    assert_eq!(ResumeToken::parse_presented(v.as_bytes(), "server-2"), None);
+    assert_eq!(
+        ResumeToken::parse_presented(hex.as_bytes(), "server-1"),
+        None
+    );
+    assert_eq!(
+        ResumeToken::parse_presented(b"a5:server-1", "server-1"),
+        None
+    );
 }
 
 #[test]

@@ -70,7 +70,8 @@ pub enum MovingFd {
     Unix(DetachedUnix),
 }
 
-/// A frontend connection moving to another worker.
+/// A connection moving to another worker: a frontend following its
+/// agent, or an agent resuming a tunnel parked there.
 pub struct Migrant {
     /// Its cluster (the same on every worker).
     pub cluster: ClusterId,
@@ -92,6 +93,18 @@ pub enum MigrantKind {
         input: (BytesMut, BytesMut),
         /// Streams and events to replay.
         plan: Plan,
+    },
+    /// An agent connection whose Connect call presents a resume token
+    /// issued by the receiving worker, stopped right after the call.
+    Agent {
+        /// The HTTP/2 + gRPC state.
+        session: Box<Grpc>,
+        /// TLS state.
+        tls: Option<TlsLayer>,
+        /// Unprocessed input.
+        input: (BytesMut, BytesMut),
+        /// Events to replay (the Connect call first).
+        stashed: Vec<konn_protocol::grpc::GrpcEvent>,
     },
     /// A CONNECT whose head was read.
     Connect {
@@ -614,6 +627,7 @@ async fn router_timer(worker: Rc<Worker>) {
         let clusters: Vec<Rc<Cluster>> = worker.clusters.borrow().values().cloned().collect();
         let mut next: Option<std::time::Instant> = None;
         for c in clusters {
+            crate::resume::expire(&worker, &c, now);
             c.router.borrow_mut().handle_timeout(now);
             c.apply(&worker);
             c.publish(&worker);
@@ -626,7 +640,8 @@ async fn router_timer(worker: Rc<Worker>) {
             d.saturating_duration_since(now)
                 .clamp(Duration::from_millis(1), TIMER_TICK)
         });
-        if let Either::Right(()) = race(monoio::time::sleep(wait), worker.stopping.wait()).await {
+        let sleep = race(monoio::time::sleep(wait), worker.timer.notified());
+        if let Either::Right(()) = race(sleep, worker.stopping.wait()).await {
             return;
         }
     }

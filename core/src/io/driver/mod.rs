@@ -307,6 +307,15 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         Ok(r)
     }
 
+    /// Runs `f` on the connection's TLS state (e.g. to read the peer's
+    /// certificates once the handshake is done). `None` without TLS, or
+    /// while the driver itself is using it. May be called from inside the
+    /// connection's handler: events are dispatched with the TLS state free.
+    pub fn with_tls<R>(&self, f: impl FnOnce(&TlsLayer) -> R) -> Option<R> {
+        let tls = self.0.tls.try_borrow().ok()?;
+        tls.as_deref().map(f)
+    }
+
     /// The connection has finished.
     pub fn is_closed(&self) -> bool {
         self.0.closed.get()
