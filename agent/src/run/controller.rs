@@ -4,8 +4,9 @@
 //!
 //! While a tunnel is parked for a resume (`konn-resume`,
 //! `crate::resume`), the loop reconnects at once and again (even with a
-//! full set, even while draining), each attempt on the worker that parked
-//! it (only that worker can take its endpoints over) and bounded by
+//! full set, even while draining; failed attempts start at most every
+//! [`PARKED_SPACING`]), each attempt on the worker that parked it (only
+//! that worker can take its endpoints over) and bounded by
 //! [`parked_attempt_timeout`], until the server resumes it or it ends. A
 //! new tunnel to a server whose tunnel is parked on another worker is
 //! closed as a duplicate, so the parked one can still resume.
@@ -22,9 +23,11 @@ use konn_protocol::agent::sync::{Admission, Outcome, Rng, Round, ServerSet, Tunn
 
 use crate::metrics::AgentMetrics;
 
-/// The pause after a failed attempt while a tunnel is parked (a path that
-/// refuses connections is not hammered).
-const PARKED_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+/// While a tunnel is parked, failed attempts start at most this often: an
+/// attempt that timed out is followed at once, one refused at once waits
+/// the rest (upstream's first backoff step: a fleet whose tunnels all
+/// parked does not hammer a restarting server harder than a fresh one).
+const PARKED_SPACING: std::time::Duration = std::time::Duration::from_secs(1);
 
 use super::{Inner, Msg, Report, Shared};
 
@@ -94,6 +97,7 @@ impl Controller {
     /// upstream's `sync()`: a round, a pause, until stopped.
     pub(super) async fn run(&self, stop: &StopToken) {
         loop {
+            let started = konn_core::io::clock::now();
             let Some(outcome) = self.connect_once(stop).await else {
                 return;
             };
@@ -101,7 +105,9 @@ impl Controller {
             if !self.parked.borrow().is_empty() {
                 // Resume before the window ends: no backoff.
                 pause = if outcome == Outcome::Failed {
-                    PARKED_RETRY
+                    PARKED_SPACING.saturating_sub(
+                        konn_core::io::clock::now().saturating_duration_since(started),
+                    )
                 } else {
                     std::time::Duration::ZERO
                 };
