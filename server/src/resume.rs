@@ -25,7 +25,6 @@
 //!   from a full table, or whose cluster goes, ends as a lost tunnel did
 //!   before resume ([`end`]).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::Read as _;
 use std::time::{Duration, Instant};
@@ -70,19 +69,12 @@ pub fn token_core(token: &ResumeToken) -> usize {
     usize::from(u16::from_be_bytes([a, b]))
 }
 
-/// Fills `out` from the kernel's random source (one descriptor per
-/// worker thread, opened on first use).
+/// Fills `out` from the kernel's random source (opened per draw: one
+/// draw per accepted tunnel, and no descriptor stays open).
 fn random_bytes(out: &mut [u8]) -> Option<()> {
-    thread_local! {
-        static URANDOM: RefCell<Option<std::fs::File>> = const { RefCell::new(None) };
-    }
-    URANDOM.with(|f| {
-        let mut f = f.borrow_mut();
-        if f.is_none() {
-            *f = std::fs::File::open("/dev/urandom").ok();
-        }
-        f.as_mut()?.read_exact(out).ok()
-    })
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(out))
+        .ok()
 }
 
 /// An agent's authenticated identity, as a parked tunnel is bound to it:
