@@ -340,7 +340,7 @@ impl AgentConn {
         let identity = crate::resume::identity(self.peer_cn().as_deref(), user.as_deref());
         let resumed = claim
             .as_ref()
-            .and_then(|t| crate::resume::claim(&c, t, &agent_id, &identity, now));
+            .and_then(|t| crate::resume::claim(&w, &c, t, &agent_id, &identity, now));
         // A tunnel without a token cannot be resumed: it does without.
         let token = resume.then(|| crate::resume::new_token(w.index)).flatten();
         let mut md = Headers::new();
@@ -388,6 +388,7 @@ impl AgentConn {
                 let info = crate::resume::ParkedInfo {
                     agent_id: agent_id.clone(),
                     connections: 0,
+                    held: 0,
                 };
                 crate::resume::end(
                     &w,
@@ -581,13 +582,15 @@ impl Handler<Grpc> for AgentConn {
                             w.forwarding.set(ty);
                             let drain = matches!(p, Packet::Drain);
                             let framed = framed.unwrap_or_else(|| reframe(&msg));
-                            credit = c.router.borrow_mut().backend_packet(
-                                konn_core::io::clock::now(),
-                                bid,
-                                p,
-                                framed,
-                                flow,
-                            );
+                            let now = konn_core::io::clock::now();
+                            let mut router = c.router.borrow_mut();
+                            credit = router.backend_packet(now, bid, p, framed, flow);
+                            // An ACK now owed by time: the timer wakes for it.
+                            let ack_timer = router.take_resume_timer();
+                            drop(router);
+                            if ack_timer {
+                                w.poke_timer(now + crate::resume::limits(w).ack_delay);
+                            }
                             c.apply(w);
                             if ty != PacketType::Data {
                                 c.publish(w);

@@ -310,7 +310,7 @@ impl Families {
         );
         let budget_resets = b.dynamic_counter_vec(
             "konn_memory_budget_resets_total",
-            "Streams reset because the data queued for them did not fit --memory-budget, by queue (frontend: towards a gRPC frontend).",
+            "Streams reset, or parked tunnels closed, because the data queued for them did not fit --memory-budget, by queue (frontend: towards a gRPC frontend; parked: held for a tunnel's resume).",
             &["queue"],
         );
         let tls_reloads = b.dynamic_counter_vec(

@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::io::Read as _;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use konn_core::metrics::common::ResumeResult;
 use konn_protocol::resume::{ClaimError, ParkTable, ResumeToken};
@@ -103,6 +103,9 @@ pub struct ParkedInfo {
     pub agent_id: String,
     /// Connections parked with it (for the gauge).
     pub connections: usize,
+    /// Bytes it held for replay when it parked, counted in the core's
+    /// frontend-queue budget (`crate::budget`) while it stays parked.
+    pub held: usize,
 }
 
 /// The parked backends of one cluster on one worker.
@@ -163,7 +166,12 @@ pub fn park(w: &Worker, c: &Cluster, bid: BackendId, r: &Resumable, now: Instant
     if !c.router.borrow_mut().backend_broken(now, bid, window) {
         return false;
     }
-    let connections = c.router.borrow().resume_session(bid).map_or(0, |s| s.len());
+    let (connections, held) = c.router.borrow().resume_session(bid).map_or((0, 0), |s| {
+        (
+            s.len(),
+            usize::try_from(s.held_bytes()).unwrap_or(usize::MAX),
+        )
+    });
     tracing::info!(
         backend = bid,
         agent_id = %r.agent_id,
@@ -185,6 +193,7 @@ pub fn park(w: &Worker, c: &Cluster, bid: BackendId, r: &Resumable, now: Instant
             ParkedInfo {
                 agent_id: r.agent_id.clone(),
                 connections,
+                held,
             },
         );
         evicted.and_then(|e| p.info.remove(&e).map(|i| (e, i)))
@@ -199,14 +208,20 @@ pub fn park(w: &Worker, c: &Cluster, bid: BackendId, r: &Resumable, now: Instant
         );
         end(w, c, e, &info, ResumeResult::Evicted);
     }
+    // Its replay bytes count in the budget: a reclaim closes parked
+    // tunnels first.
+    if let Some(s) = crate::budget::account(&w.pool, 0, held, || w.frontend_count()) {
+        shed(w, s.short);
+    }
     // The router timer must see the new deadline.
-    w.timer.notify();
+    w.poke_timer(deadline);
     true
 }
 
 /// A Connect call of `agent_id` with `identity` presented `token`: the
 /// parked backend it resumes, if any.
 pub fn claim(
+    w: &Worker,
     c: &Cluster,
     token: &ResumeToken,
     agent_id: &str,
@@ -224,6 +239,7 @@ pub fn claim(
             c.metrics.parked_tunnels().dec();
             if let Some(i) = info {
                 c.metrics.parked_connections().add(-(i.connections as f64));
+                let _ = crate::budget::account(&w.pool, i.held, 0, || 1);
             }
             c.metrics.resumes(ResumeResult::Resumed).inc();
             Some(bid)
@@ -261,6 +277,7 @@ pub fn end(w: &Worker, c: &Cluster, bid: BackendId, info: &ParkedInfo, result: R
         .parked_connections()
         .add(-(info.connections as f64));
     c.metrics.resumes(result).inc();
+    let _ = crate::budget::account(&w.pool, info.held, 0, || 1);
     c.router.borrow_mut().backend_gone(bid);
     c.backend_drained(w, bid);
     c.backends.borrow_mut().remove(&bid);
@@ -268,6 +285,50 @@ pub fn end(w: &Worker, c: &Cluster, bid: BackendId, info: &ParkedInfo, result: R
     c.apply(w);
     c.publish(w);
     crate::accounting::agent_gone(c, &info.agent_id);
+}
+
+/// The core's memory budget bites (`crate::budget`): close parked
+/// tunnels of every cluster on this worker, those holding the most bytes
+/// first, until `short` bytes are freed or none is left. Returns the
+/// bytes freed. Parked connections go first: they carry nothing now, and
+/// would close at the window's end anyway.
+pub fn shed(w: &Worker, short: usize) -> usize {
+    let clusters: Vec<std::rc::Rc<Cluster>> = w.clusters.borrow().values().cloned().collect();
+    let mut victims: Vec<(usize, BackendId, usize)> = Vec::new();
+    for (i, c) in clusters.iter().enumerate() {
+        for (bid, info) in &c.parked.borrow().info {
+            victims.push((info.held, *bid, i));
+        }
+    }
+    victims.sort_unstable_by(|a, b| b.cmp(a));
+    let mut freed = 0;
+    let mut closed = 0u64;
+    for (held, bid, i) in victims {
+        if freed >= short {
+            break;
+        }
+        let Some(c) = clusters.get(i) else { continue };
+        let info = {
+            let mut p = c.parked.borrow_mut();
+            p.table.remove(&bid);
+            p.info.remove(&bid)
+        };
+        if let Some(info) = info {
+            tracing::warn!(
+                backend = bid,
+                agent_id = %info.agent_id,
+                held_bytes = held,
+                "memory budget: closing a parked tunnel"
+            );
+            end(w, c, bid, &info, ResumeResult::Evicted);
+            freed += held;
+            closed += 1;
+        }
+    }
+    if closed > 0 {
+        w.all_metrics.budget_resets("parked", closed);
+    }
+    freed
 }
 
 /// Ends the parked backends of `c` whose window passed at `now` (the
@@ -286,11 +347,6 @@ pub fn expire(w: &Worker, c: &Cluster, now: Instant) {
 pub fn limits(w: &Worker) -> konn_protocol::resume::ResumeLimits {
     let q = w.settings.router.flow.high.saturating_mul(2);
     konn_protocol::resume::ResumeLimits::from_queue_size(q)
-}
-
-/// How long the server keeps a broken tunnel's connections.
-pub fn window(w: &Worker) -> Duration {
-    w.settings.resume_window
 }
 
 #[cfg(test)]

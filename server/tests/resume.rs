@@ -54,12 +54,22 @@ struct Rig {
 
 impl Rig {
     fn start(engine: Engine, window: Duration) -> Self {
+        Self::start_with(engine, window, |_| {})
+    }
+
+    /// [`Rig::start`] with the server's settings adjusted by `server`.
+    fn start_with(
+        engine: Engine,
+        window: Duration,
+        server: impl FnOnce(&mut ServerSettings),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut settings =
             ServerSettings::for_tests(FrontendListen::Unix(dir.path().join("s.sock")), Mode::Grpc);
         settings.runtime.workers = 2;
         settings.runtime.engine = engine_flag(engine);
         settings.resume_window = window;
+        server(&mut settings);
         let server = start(settings).unwrap();
         let socket = server.frontend_path().unwrap().to_path_buf();
         let chaos = ChaosProxy::start(server.agent_addr()).unwrap();
@@ -523,4 +533,75 @@ fn transfers_survive_cuts_below_the_window_and_close_cleanly_past_it() {
         assert_eq!(rig.agent_metric(expired), 1.0, "{engine}");
         back_to_baseline(&rig, engine, fds, "past the window");
     }
+}
+
+// ---------------------------------------------------------------------------
+// The memory budget closes parked tunnels first.
+
+#[test]
+fn the_memory_budget_closes_parked_tunnels_first() {
+    use konn_frames::h2::SettingId;
+    use konn_frames::packet::Packet;
+    use konn_testkit::h2raw::{self, RawClient};
+
+    let _serial = konn_testkit::fds::serial();
+    let flood = Destination::flood().unwrap();
+    let engine = available_engines()[0];
+    // One worker (one core's budget), a 4 MiB budget, a window that does
+    // not end during the test.
+    let rig = Rig::start_with(engine, Duration::from_secs(600), |s| {
+        s.runtime.workers = 1;
+        s.runtime.pool.budget_bytes = 4 << 20;
+    });
+    // A second agent, straight to the server: it carries the flood.
+    let mut b = AgentSettings::for_tests(rig.server().agent_addr().to_string(), "agent-b");
+    b.runtime.engine = engine_flag(engine);
+    let agent_b = run::start(b).unwrap();
+    let ready = "konnectivity_network_proxy_server_ready_backend_connections";
+    assert!(wait_until(WAIT, || rig.server_metric(ready) == 2.0));
+    // Agent A's tunnel breaks and stays broken: the server parks it.
+    rig.chaos.set_both(Faults {
+        blackhole: true,
+        ..Faults::default()
+    });
+    rig.chaos.reset();
+    assert!(wait_until(WAIT, || rig
+        .server_metric("konn_resume_parked_tunnels")
+        == 1.0));
+    assert_eq!(rig.server_metric(ready), 1.0);
+    // A frontend that grants no window dials a flood twice (through B,
+    // the only agent left): its queues grow until the budget bites.
+    let mut c = RawClient::connect_unix_silent(&rig.socket);
+    c.handshake(&[(SettingId::INITIAL_WINDOW_SIZE, 0)]);
+    let mut out = Vec::new();
+    for id in [1u32, 3] {
+        let block = c.request_block(
+            "POST",
+            "/ProxyService/Proxy",
+            &[("content-type", "application/grpc"), ("te", "trailers")],
+        );
+        out.extend(h2raw::headers(id, &block, false));
+        let mut msg = bytes::BytesMut::new();
+        Packet::DialReq {
+            protocol: "tcp".into(),
+            address: flood.addr().to_string().into(),
+            random: i64::from(id),
+        }
+        .encode_grpc(&mut msg);
+        out.extend(h2raw::data(id, &msg, false));
+    }
+    c.write(&out).unwrap();
+    let parked = r#"konn_memory_budget_resets_total{queue="parked"}"#;
+    assert!(
+        wait_until(WAIT, || rig.server_metric(parked) == 1.0),
+        "the parked tunnel was not closed for the budget"
+    );
+    assert_eq!(rig.server_metric("konn_resume_parked_tunnels"), 0.0);
+    assert_eq!(
+        rig.server_metric(r#"konn_resumes_total{result="evicted"}"#),
+        1.0
+    );
+    drop(c);
+    rig.chaos.heal();
+    let _ = agent_b.stop();
 }

@@ -194,6 +194,17 @@ impl<K> ParkTable<K> {
         out
     }
 
+    /// Removes the tunnel parked under `key` (closed before its window
+    /// ended, e.g. to free memory); whether it was there.
+    pub fn remove(&mut self, key: &K) -> bool
+    where
+        K: PartialEq,
+    {
+        let before = self.parked.len();
+        self.parked.retain(|p| p.key != *key);
+        self.parked.len() != before
+    }
+
     /// Removes every parked tunnel (shutdown).
     pub fn drain(&mut self) -> impl Iterator<Item = K> + '_ {
         self.parked.drain(..).map(|p| p.key)
