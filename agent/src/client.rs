@@ -70,7 +70,7 @@ impl ConnectParams {
                 Bytes::from_static(b"1"),
             );
         }
-        if self.settings.resume {
+        if !self.settings.resume_window.is_zero() {
             // konn's resumable tunnels; a Go server ignores it.
             md.push(
                 Bytes::from_static(konn_protocol::resume::RESUME_METADATA.as_bytes()),
@@ -141,7 +141,8 @@ pub async fn open_tunnel_with(
         Some(t) => Some(t.layer()?),
         None => None,
     };
-    let metadata = params.metadata()?;
+    let mut metadata = params.metadata()?;
+    handler.offer_tokens(&mut metadata);
     let grpc = Grpc::new(
         Connection::new(h2, konn_core::io::clock::now()),
         max_message,

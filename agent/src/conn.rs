@@ -62,7 +62,11 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, Splitable};
 use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 use std::time::Instant;
 
+use konn_core::metrics::common::ResumeResult;
 use konn_protocol::agent::tunnel::{Action, DialFailure, Tunnel, TunnelConfig};
+use konn_protocol::resume::ResumeToken;
+
+use crate::resume::ParkingLot;
 
 /// Room in front of a read for the gRPC prefix and the DATA packet header.
 const HEADROOM: usize = 32;
@@ -95,11 +99,12 @@ pub struct TunnelSettings {
     /// `--warn-on-channel-limit`: log (at debug level, upstream's V(2))
     /// when an endpoint's queue reaches `endpoint_queue` payloads.
     pub warn_on_queue_limit: bool,
-    /// Offer `konn-resume: v1` (docs/design/resume.md): with a server that
-    /// answers it, each flow's bytes are counted, acknowledged and kept
-    /// for replay. Parking on a break is not wired yet, so this is off by
-    /// default and has no flag.
-    pub resume: bool,
+    /// `--resume-window` (docs/design/resume.md): when not zero, offer
+    /// `konn-resume: v1`; with a server that answers it each flow's bytes
+    /// are counted, acknowledged and kept for replay, and a tunnel whose
+    /// connection breaks keeps its endpoints parked this long for a resume
+    /// (when its handler has a [`ParkingLot`](crate::resume::ParkingLot)).
+    pub resume_window: Duration,
     /// Offer konn's flow-control extension on the Connect call (metadata
     /// `konn-flow-control: 1`); it is used only if the server answers with
     /// the same response header.
@@ -126,7 +131,7 @@ impl Default for TunnelSettings {
             tunnel_high_water: 1 << 20,
             tunnel_low_water: 256 << 10,
             tunnel: TunnelConfig::default(),
-            resume: false,
+            resume_window: Duration::ZERO,
             warn_on_queue_limit: false,
             flow_control: true,
             reverse: false,
@@ -148,10 +153,26 @@ pub enum TunnelEvent {
         reverse: bool,
         /// The server agreed to `konn-resume`.
         resume: bool,
+        /// The server resumed a tunnel parked on this worker
+        /// (`konn-resumed`).
+        resumed: bool,
     },
     /// The call failed before response headers (e.g. authentication), or
     /// the headers were malformed.
     Rejected(String),
+    /// The tunnel's connection broke and its endpoints are parked for a
+    /// resume (`konn-resume`); [`TunnelEvent::Closed`] follows.
+    Parked {
+        /// The server it was connected to.
+        server_id: String,
+    },
+    /// A parked tunnel's endpoints closed without a resume (window over,
+    /// resume refused, agent stopping); reported after
+    /// [`TunnelEvent::Closed`].
+    ParkEnded {
+        /// The server it was connected to.
+        server_id: String,
+    },
     /// The tunnel ended.
     Closed,
 }
@@ -198,6 +219,11 @@ pub trait TunnelObserver {
     /// A reverse connection carried `n` bytes towards the control plane
     /// (`true`) or towards the node.
     fn reverse_bytes(&self, _to_control_plane: bool, _n: usize) {}
+    /// A broken tunnel parked its `connections` endpoints for a resume.
+    fn tunnel_parked(&self, _connections: usize) {}
+    /// A parked tunnel's parking ended (`connections`: as many as it
+    /// parked).
+    fn park_ended(&self, _result: ResumeResult, _connections: usize) {}
     /// An endpoint connection ended (just before
     /// [`endpoint_closed`](Self::endpoint_closed)): payload bytes written
     /// to and read from the destination, and how long it was open.
@@ -235,8 +261,11 @@ impl Drop for EndpointGuard {
     }
 }
 
-/// Per-tunnel state the tasks share without owning the connection.
+/// Per-tunnel state the tasks share without owning the connection. A
+/// resumed tunnel's tasks keep theirs: it moves to the new connection.
 struct Ctx {
+    /// The connection the tunnel runs on now.
+    me: RefCell<WeakConnHandle<Grpc, TunnelHandler>>,
     stream: Cell<u32>,
     /// The tunnel stream's send queue drained below the low-water mark.
     writable: Broadcast,
@@ -248,6 +277,15 @@ struct Ctx {
     wake_watch: Notify,
     /// The server's `serverid`, once it answered (`/debug/connections`).
     server_id: RefCell<Option<Arc<str>>>,
+    /// When the watch wakes next (an ACK timer due sooner wakes it).
+    armed: Cell<Option<Instant>>,
+}
+
+impl Ctx {
+    /// The tunnel's connection, while it (or its parked state) exists.
+    fn handle(&self) -> Option<Handle> {
+        self.me.borrow().upgrade()
+    }
 }
 
 /// One endpoint (dialled destination connection).
@@ -344,12 +382,32 @@ pub struct TunnelHandler {
     dials: IdMap<i64, Dialing>,
     /// Accepted connections waiting for their reverse dial's answer.
     reverse_waiting: IdMap<i64, monoio::net::TcpStream>,
-    me: WeakConnHandle<Grpc, Self>,
     report: Box<dyn FnMut(TunnelEvent)>,
     connected: bool,
     counters: TunnelCounters,
     /// The stuck watch runs (from the first endpoint on).
     watching: bool,
+    /// `konn-resume`: where this worker's broken tunnels wait.
+    parking: Option<Rc<ParkingLot>>,
+    /// The server's `serverid`, and this tunnel's resume token.
+    server_id: String,
+    token: Option<ResumeToken>,
+    /// The connection was lost (not ended by either side): park on close.
+    lost: bool,
+    /// Never park: closed from this side, or the server sent GOAWAY.
+    no_park: bool,
+    /// Parked now, with this many endpoints.
+    parked: Option<usize>,
+}
+
+/// A parked tunnel's state, handed to the connection that resumes it.
+struct Handover {
+    tunnel: Tunnel,
+    ctx: Rc<Ctx>,
+    endpoints: IdMap<i64, Rc<Endpoint>>,
+    counters: TunnelCounters,
+    watching: bool,
+    connections: usize,
 }
 
 type Handle = ConnHandle<Grpc, TunnelHandler>;
@@ -383,6 +441,7 @@ impl TunnelHandler {
         Self {
             tunnel: Tunnel::new(settings.tunnel),
             ctx: Rc::new(Ctx {
+                me: RefCell::new(WeakConnHandle::default()),
                 stream: Cell::new(0),
                 writable: Broadcast::new(),
                 pool,
@@ -391,15 +450,42 @@ impl TunnelHandler {
                 closed: Cell::new(false),
                 wake_watch: Notify::new(),
                 server_id: RefCell::new(None),
+                armed: Cell::new(None),
             }),
             endpoints: IdMap::default(),
             dials: IdMap::default(),
             reverse_waiting: IdMap::default(),
-            me: WeakConnHandle::default(),
             report,
             connected: false,
             counters: TunnelCounters::default(),
             watching: false,
+            parking: None,
+            server_id: String::new(),
+            token: None,
+            lost: false,
+            no_park: false,
+            parked: None,
+        }
+    }
+
+    /// Park this tunnel in `lot` when its connection breaks, and resume
+    /// the tunnels parked there (`konn-resume`, docs/design/resume.md;
+    /// needs a non-zero `resume_window`).
+    pub fn set_parking(&mut self, lot: Rc<ParkingLot>) {
+        self.parking = Some(lot);
+    }
+
+    /// Adds the resume tokens of the tunnels parked in this handler's lot
+    /// to the Connect call's `metadata` (one `konn-resume-token` value
+    /// each, addressed to its server).
+    pub fn offer_tokens(&self, metadata: &mut Headers) {
+        if let Some(lot) = &self.parking {
+            for value in lot.presented() {
+                metadata.push_sensitive(
+                    Bytes::from_static(konn_protocol::resume::RESUME_TOKEN_METADATA.as_bytes()),
+                    Bytes::from(value),
+                );
+            }
         }
     }
 
@@ -420,7 +506,7 @@ impl TunnelHandler {
                 metadata,
             )?;
             h.ctx.stream.set(id);
-            h.me = weak;
+            *h.ctx.me.borrow_mut() = weak;
             Ok(())
         })?
     }
@@ -499,6 +585,7 @@ impl TunnelHandler {
     /// answer in time, the agent stopping). Endpoints are closed when the
     /// connection ends ([`TunnelEvent::Closed`] follows).
     pub fn close(&mut self, grpc: &mut Grpc) {
+        self.no_park = true;
         grpc.cancel(self.ctx.stream.get());
         grpc.conn_mut().shutdown();
     }
@@ -582,13 +669,7 @@ impl TunnelHandler {
                         started: konn_core::io::clock::now(),
                     };
                     self.dials.insert(connect_id, dialing);
-                    monoio::spawn(dial(
-                        self.me.clone(),
-                        self.ctx.clone(),
-                        connect_id,
-                        address,
-                        cancel,
-                    ));
+                    monoio::spawn(dial(self.ctx.clone(), connect_id, address, cancel));
                 }
                 Action::CancelDial { connect_id } => {
                     if let Some(d) = self.dials.remove(&connect_id) {
@@ -634,15 +715,10 @@ impl TunnelHandler {
         ));
         self.endpoints.insert(connect_id, ep.clone());
         let (rd, wr) = stream.into_split();
-        monoio::spawn(read_endpoint(
-            self.me.clone(),
-            self.ctx.clone(),
-            ep.clone(),
-            rd,
-        ));
-        monoio::spawn(write_endpoint(self.me.clone(), ep, wr));
+        monoio::spawn(read_endpoint(self.ctx.clone(), ep.clone(), rd));
+        monoio::spawn(write_endpoint(self.ctx.clone(), ep, wr));
         if !std::mem::replace(&mut self.watching, true) {
-            monoio::spawn(watch_stuck(self.me.clone(), self.ctx.clone()));
+            monoio::spawn(watch_stuck(self.ctx.clone()));
         }
     }
 
@@ -667,6 +743,181 @@ impl TunnelHandler {
         }
         self.tunnel.handle_timeout(konn_core::io::clock::now());
         self.apply(grpc);
+        self.check_parked(grpc);
+    }
+
+    /// ACKs due by time (the watch's turn between two stuck checks).
+    fn resume_timers(&mut self, grpc: &mut Grpc) {
+        self.tunnel
+            .handle_resume_timeout(konn_core::io::clock::now());
+        self.apply(grpc);
+        self.check_parked(grpc);
+    }
+
+    /// A parked tunnel whose window ended is closed.
+    fn check_parked(&mut self, grpc: &mut Grpc) {
+        if self.parked.is_some() && !self.tunnel.resume_parked() {
+            self.unpark(grpc, ResumeResult::Expired);
+        }
+    }
+
+    /// Whether a lost connection may park this tunnel.
+    fn may_park(&self) -> bool {
+        self.parking.is_some()
+            && !self.no_park
+            && self.token.is_some()
+            && !self.ctx.settings.resume_window.is_zero()
+            && self.tunnel.resume_session().is_some()
+            && !self.endpoints.is_empty()
+    }
+
+    /// The connection is gone: park the tunnel (endpoints kept, readers
+    /// paused, dials cancelled) in the lot. Returns whether it parked.
+    fn park(&mut self, grpc: &mut Grpc) -> bool {
+        let (Some(lot), Some(token), Some(handle)) =
+            (self.parking.clone(), self.token, self.ctx.handle())
+        else {
+            return false;
+        };
+        let window = self.ctx.settings.resume_window;
+        if !self
+            .tunnel
+            .tunnel_broken(konn_core::io::clock::now(), window)
+        {
+            return false;
+        }
+        self.apply(grpc);
+        let n = self.endpoints.len();
+        self.parked = Some(n);
+        tracing::info!(
+            server_id = %self.server_id,
+            connections = n,
+            ?window,
+            "tunnel to the proxy-server broken; its connections wait for a resume"
+        );
+        self.ctx.observer.tunnel_parked(n);
+        (self.report)(TunnelEvent::Parked {
+            server_id: self.server_id.clone(),
+        });
+        let replaced = lot.park(self.server_id.clone(), handle, token);
+        if let Some(old) = replaced {
+            let _ = old.with(|g, t| t.unpark(g, ResumeResult::Evicted));
+        }
+        // The watch wakes when the window ends.
+        self.poke_watch(konn_core::io::clock::now() + window);
+        true
+    }
+
+    /// The tunnel's timer task must wake by `at` (a resume timer): wakes
+    /// it if it sleeps longer.
+    fn poke_watch(&self, at: Instant) {
+        if self.ctx.armed.get().is_none_or(|armed| armed > at) {
+            self.ctx.armed.set(Some(at));
+            self.ctx.wake_watch.notify();
+        }
+    }
+
+    /// A parked tunnel's parking ends without a resume (`result`): its
+    /// endpoints close as on a lost tunnel.
+    pub(crate) fn unpark(&mut self, grpc: &mut Grpc, result: ResumeResult) {
+        let Some(n) = self.parked.take() else {
+            return;
+        };
+        tracing::info!(
+            server_id = %self.server_id,
+            connections = self.endpoints.len(),
+            ?result,
+            "parked tunnel closed without a resume"
+        );
+        self.shut_everything(grpc);
+        self.dials.clear();
+        self.ctx.closed.set(true);
+        self.ctx.wake_watch.notify();
+        self.ctx.observer.park_ended(result, n);
+        if let Some(lot) = &self.parking {
+            // Ours if still there (the window ended): let go of it.
+            drop(lot.take_if(&self.server_id, self.token));
+        }
+        (self.report)(TunnelEvent::ParkEnded {
+            server_id: self.server_id.clone(),
+        });
+    }
+
+    /// Hands this parked tunnel over to the connection that resumes it.
+    fn hand_over(&mut self) -> Option<Handover> {
+        let connections = self.parked.take()?;
+        Some(Handover {
+            tunnel: std::mem::replace(&mut self.tunnel, Tunnel::new(self.ctx.settings.tunnel)),
+            ctx: self.ctx.clone(),
+            endpoints: std::mem::take(&mut self.endpoints),
+            counters: self.counters,
+            watching: std::mem::replace(&mut self.watching, false),
+            connections,
+        })
+    }
+
+    /// The server resumed the tunnel parked for it: take it over (its
+    /// tasks move to this connection), announce and replay.
+    fn adopt(&mut self, grpc: &mut Grpc, h: Handover) {
+        *h.ctx.me.borrow_mut() = self.ctx.me.borrow().clone();
+        h.ctx.stream.set(self.ctx.stream.get());
+        let (flow_control, reverse) = (self.tunnel.flow_control(), self.tunnel.reverse());
+        self.ctx = h.ctx;
+        self.tunnel = h.tunnel;
+        self.endpoints = h.endpoints;
+        self.counters = h.counters;
+        self.watching = h.watching;
+        self.tunnel.set_flow_control(flow_control);
+        self.tunnel.set_reverse(reverse);
+        tracing::info!(
+            server_id = %self.server_id,
+            connections = self.endpoints.len(),
+            "tunnel resumed"
+        );
+        self.tunnel.tunnel_resumed();
+        self.apply(grpc);
+        self.ctx
+            .observer
+            .park_ended(ResumeResult::Resumed, h.connections);
+        // Readers waiting for the dead stream's queue look again.
+        self.ctx.writable.notify_all();
+    }
+
+    /// The response headers of a tunnel that negotiated resume: a tunnel
+    /// parked for this server is resumed (`resumed`) or, when the server
+    /// has nothing to resume (it restarted, or the window ended there),
+    /// closed now. Returns whether a parked tunnel was resumed.
+    fn resume_parked(&mut self, grpc: &mut Grpc, resumed: bool) -> bool {
+        let parked = self
+            .parking
+            .as_ref()
+            .and_then(|lot| lot.take(&self.server_id));
+        let handover = match parked {
+            Some(handle) if resumed => handle.with(|_, old| old.hand_over()).ok().flatten(),
+            Some(handle) => {
+                tracing::info!(
+                    server_id = %self.server_id,
+                    "the proxy-server has nothing to resume (restarted?); closing the parked connections"
+                );
+                let _ = handle.with(|g, old| old.unpark(g, ResumeResult::Refused));
+                None
+            }
+            None => None,
+        };
+        match handover {
+            Some(h) => {
+                self.adopt(grpc, h);
+                true
+            }
+            // Resumed by a server for a tunnel this agent no longer has:
+            // an empty announcement lets it close what it kept.
+            None if resumed => {
+                self.tunnel.tunnel_resumed();
+                self.apply(grpc);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Close every endpoint and abandon every dial (the tunnel is gone).
@@ -729,7 +980,7 @@ impl Handler<Grpc> for TunnelHandler {
                                 .get(REVERSE_KEY.as_bytes())
                                 .is_some_and(|v| v == "1");
                         self.tunnel.set_reverse(reverse);
-                        let resume = self.ctx.settings.resume
+                        let resume = !self.ctx.settings.resume_window.is_zero()
                             && metadata
                                 .get(konn_protocol::resume::RESUME_METADATA.as_bytes())
                                 .is_some_and(|v| v == konn_protocol::resume::RESUME_VERSION);
@@ -737,6 +988,18 @@ impl Handler<Grpc> for TunnelHandler {
                         self.tunnel.set_resume(
                             resume.then(|| konn_protocol::resume::ResumeLimits::from_queue_size(q)),
                         );
+                        self.server_id.clone_from(&server_id);
+                        self.token = resume
+                            .then(|| {
+                                metadata
+                                    .get(konn_protocol::resume::RESUME_TOKEN_METADATA.as_bytes())
+                                    .and_then(|v| ResumeToken::parse(v))
+                            })
+                            .flatten();
+                        let resumed = resume
+                            && metadata
+                                .get(konn_protocol::resume::RESUMED_METADATA.as_bytes())
+                                .is_some_and(|v| v == "1");
                         if self.ctx.settings.reverse && !reverse {
                             tracing::info!(
                                 server_id = %server_id,
@@ -749,11 +1012,13 @@ impl Handler<Grpc> for TunnelHandler {
                             resume,
                             "tunnel accepted by the server"
                         );
+                        let resumed = resume && self.resume_parked(grpc, resumed);
                         (self.report)(TunnelEvent::Connected {
                             server_id,
                             server_count,
                             reverse,
                             resume,
+                            resumed,
                         });
                     }
                     None => {
@@ -782,9 +1047,16 @@ impl Handler<Grpc> for TunnelHandler {
                     }
                     // The tunnel says when the credit goes back
                     // (Action::Release).
-                    self.tunnel
-                        .server_packet(konn_core::io::clock::now(), p, flow);
+                    let now = konn_core::io::clock::now();
+                    self.tunnel.server_packet(now, p, flow);
                     self.apply(grpc);
+                    // An ACK owed by time: the watch must wake for it.
+                    if self.watching
+                        && let Some(s) = self.tunnel.resume_session()
+                        && s.ack_timer_pending()
+                    {
+                        self.poke_watch(now + s.limits().ack_delay);
+                    }
                     if let Some(ep) = ep {
                         ep.urgent.set(self.tunnel.waits_for_drain(ep.connect_id));
                     }
@@ -804,16 +1076,31 @@ impl Handler<Grpc> for TunnelHandler {
                     self.ctx.observer.stream_error(status);
                     tracing::info!(%status, %message, "tunnel closed by the server");
                 }
+                // Lost with its connection, not ended by the server: the
+                // tunnel may park when the connection closes.
+                if self.connected && grpc.conn().error().is_some() && self.may_park() {
+                    self.lost = true;
+                    return;
+                }
                 self.shut_everything(grpc);
                 grpc.conn_mut().shutdown();
             }
-            GrpcEvent::GoAway { .. } | GrpcEvent::Call { .. } | GrpcEvent::HalfClose { .. } => {}
+            GrpcEvent::GoAway { .. } => {
+                // The server is going away (shutting down): nothing of
+                // this tunnel will be resumable there.
+                self.no_park = true;
+            }
+            GrpcEvent::Call { .. } | GrpcEvent::HalfClose { .. } => {}
         }
     }
 
     fn on_close(&mut self, grpc: &mut Grpc, error: Option<&konn_core::Error>) {
         if let Some(e) = error {
             tracing::info!(error = %e, "tunnel connection ended");
+        }
+        if self.lost && self.park(grpc) {
+            (self.report)(TunnelEvent::Closed);
+            return;
         }
         self.shut_everything(grpc);
         self.dials.clear();
@@ -824,13 +1111,7 @@ impl Handler<Grpc> for TunnelHandler {
 }
 
 /// Dial a destination and, on success, start relaying it.
-async fn dial(
-    me: WeakConnHandle<Grpc, TunnelHandler>,
-    ctx: Rc<Ctx>,
-    connect_id: i64,
-    address: Arc<str>,
-    cancel: Rc<Notify>,
-) {
+async fn dial(ctx: Rc<Ctx>, connect_id: i64, address: Arc<str>, cancel: Rc<Notify>) {
     let started = konn_core::io::clock::now();
     let allowed = &ctx.settings.allowed;
     let attempt = async {
@@ -843,7 +1124,7 @@ async fn dial(
         }
     };
     let result = race(attempt, cancel.notified()).await;
-    let Some(handle) = me.upgrade() else { return };
+    let Some(handle) = ctx.handle() else { return };
     let result = match result {
         Either::Left(r) => r,
         Either::Right(()) => return, // DIAL_CLS
@@ -881,20 +1162,45 @@ async fn dial(
     });
 }
 
-/// The tunnel's one stuck timer: every tick it hands the writers' drain
-/// reports to the tunnel, which closes the endpoints that drained nothing
-/// for the stuck timeout. One timer per tunnel instead of one per write
-/// keeps the timer wheel off the data path and an idle endpoint's writer
-/// small. Ends with the tunnel.
-async fn watch_stuck(me: WeakConnHandle<Grpc, TunnelHandler>, ctx: Rc<Ctx>) {
+/// The tunnel's one timer: every tick it hands the writers' drain reports
+/// to the tunnel, which closes the endpoints that drained nothing for the
+/// stuck timeout; between ticks it wakes for the tunnel's resume timers
+/// (ACKs due by time, a parked tunnel's window), which the handler pokes
+/// it for when one comes sooner than it sleeps. One timer per tunnel
+/// instead of one per write keeps the timer wheel off the data path and
+/// an idle endpoint's writer small. Ends with the tunnel.
+async fn watch_stuck(ctx: Rc<Ctx>) {
     let tick = stuck_tick(ctx.settings.stuck_timeout());
+    let mut next_tick = konn_core::io::clock::now() + tick;
+    // The resume timers' next deadline, as last seen (the handler lowers
+    // `armed` when one comes sooner, then wakes this task).
+    let mut resume_at: Option<Instant> = None;
     while !ctx.closed.get() {
-        if let Either::Right(()) = race(monoio::time::sleep(tick), ctx.wake_watch.notified()).await
+        let wake_at = resume_at.map_or(next_tick, |r| r.min(next_tick));
+        ctx.armed.set(Some(wake_at));
+        let wait = wake_at.saturating_duration_since(konn_core::io::clock::now());
+        if let Either::Right(()) = race(monoio::time::sleep(wait), ctx.wake_watch.notified()).await
         {
+            resume_at = ctx.armed.get();
             continue;
         }
-        let Some(h) = me.upgrade() else { return };
-        let _ = h.with(|g, t| t.check_stuck(g));
+        let Some(h) = ctx.handle() else { return };
+        let now = konn_core::io::clock::now();
+        let stuck = now >= next_tick;
+        if stuck {
+            next_tick = now + tick;
+        }
+        resume_at = h
+            .with(|g, t| {
+                if stuck {
+                    t.check_stuck(g);
+                } else {
+                    t.resume_timers(g);
+                }
+                t.tunnel.resume_poll_timeout()
+            })
+            .ok()
+            .flatten();
     }
 }
 
@@ -906,13 +1212,7 @@ fn stuck_tick(stuck_timeout: Duration) -> Duration {
 }
 
 /// Destination → tunnel.
-async fn read_endpoint(
-    me: WeakConnHandle<Grpc, TunnelHandler>,
-    ctx: Rc<Ctx>,
-    ep: Rc<Endpoint>,
-    mut rd: TcpOwnedReadHalf,
-) {
-    let stream = ctx.stream.get();
+async fn read_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut rd: TcpOwnedReadHalf) {
     // The last read filled its buffer: more is probably waiting (see
     // `konn_core::io::sock::ReadReady` on why a drained socket must be
     // asked precisely).
@@ -926,7 +1226,9 @@ async fn read_endpoint(
             race(ep.resume.notified(), ep.stop_reader.notified()).await;
             continue;
         }
-        let Some(handle) = me.upgrade() else { return };
+        let Some(handle) = ctx.handle() else { return };
+        // The stream of the connection the tunnel runs on now.
+        let stream = ctx.stream.get();
         // Pause while the tunnel is backed up.
         let backed_up = handle
             .with(|g, _| {
@@ -974,7 +1276,7 @@ async fn read_endpoint(
             // EOF, a read error or no buffer: everything read so far is
             // already queued on the tunnel, so CLOSE_RSP follows it.
             _ => {
-                if let Some(h) = me.upgrade() {
+                if let Some(h) = ctx.handle() {
                     let _ = h.with(|g, t| {
                         t.tunnel.endpoint_closed(ep.connect_id);
                         t.apply(g);
@@ -990,12 +1292,12 @@ async fn read_endpoint(
         if ep.connect_id < 0 {
             ctx.observer.reverse_bytes(true, n);
         }
-        let Some(handle) = me.upgrade() else { return };
+        let Some(handle) = ctx.handle() else { return };
         // konn-resume keeps the payload (a refcount, no copy) for replay.
         let sent = handle.with(|g, t| {
             t.tunnel
                 .data_sent(ep.connect_id, &framed.slice(hl..))
-                .then(|| g.send_framed(stream, framed))
+                .then(|| g.send_framed(t.ctx.stream.get(), framed))
         });
         if let Ok(Some(Ok(()))) = sent {
             ctx.observer.sent(PacketType::Data);
@@ -1006,11 +1308,7 @@ async fn read_endpoint(
 /// Tunnel → destination. Every write's progress goes to the tunnel (see
 /// the module docs); an endpoint that makes no progress is aborted by the
 /// tunnel's stuck watch ([`watch_stuck`]), which ends this task.
-async fn write_endpoint(
-    me: WeakConnHandle<Grpc, TunnelHandler>,
-    ep: Rc<Endpoint>,
-    mut wr: TcpOwnedWriteHalf,
-) {
+async fn write_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut wr: TcpOwnedWriteHalf) {
     'queue: loop {
         let next = ep.queue.borrow_mut().pop_front();
         let Some(mut data) = next else {
@@ -1037,7 +1335,7 @@ async fn write_endpoint(
                     ep.drained.set(ep.drained.get() + n);
                     ep.drained_at.set(Some(konn_core::io::clock::now()));
                     if ep.urgent.get()
-                        && let Some(h) = me.upgrade()
+                        && let Some(h) = ctx.handle()
                     {
                         let _ = h.with(|g, t| {
                             t.report_drained(&ep);
@@ -1047,7 +1345,7 @@ async fn write_endpoint(
                 }
                 _ => {
                     // The destination is gone: tell the server.
-                    if let Some(h) = me.upgrade() {
+                    if let Some(h) = ctx.handle() {
                         let _ = h.with(|g, t| {
                             t.tunnel.endpoint_closed(ep.connect_id);
                             t.apply(g);

@@ -13,6 +13,8 @@
 //!   dial into the node network.
 //! - [`conn`]: one tunnel on a socket, with the endpoints it relays.
 //! - [`client`]: opening a tunnel (dial, TLS, HTTP/2, the Connect call).
+//! - [`resume`]: resumable tunnels (`konn-resume`): where a worker's broken
+//!   tunnels wait for the reconnect that resumes them.
 //! - [`metrics`], [`health`]: upstream's metrics and endpoints;
 //!   [`debug`]: konn's `/debug/connections`.
 //! - [`leases`]: `--count-server-leases` (a watch on the server Leases).
@@ -29,6 +31,7 @@ pub mod leases;
 pub mod metrics;
 pub mod netaddr;
 pub mod options;
+pub mod resume;
 pub mod reverse;
 pub mod run;
 pub mod settings;

@@ -39,7 +39,8 @@ use konn_core::metrics::{
     CoreMetrics, CounterVec, DynamicCounterVec, DynamicHistogramVec, GaugeVec, HistogramVec,
     LocalCounter, LocalGauge, LocalHistogram, Registry, RegistryBuilder,
     common::{
-        ConnEnd, ConnFamilies, ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies,
+        ConnEnd, ConnFamilies, ResumeFamilies, ResumeResult, ReverseDirection, ReverseFamilies,
+        ReverseResult, StreamFamilies,
     },
 };
 use konn_frames::{GrpcStatus, packet::PacketType};
@@ -111,6 +112,7 @@ struct Families {
     reverse: ReverseFamilies,
     dial_refusals: CounterVec,
     conns: ConnFamilies,
+    resume: ResumeFamilies,
 }
 
 /// Why the agent refused or lost a reverse connection (`reason` of
@@ -194,7 +196,9 @@ impl Families {
             &[&DIAL_REFUSAL_REASONS],
         );
         let conns = ConnFamilies::register(b);
+        let resume = ResumeFamilies::register(b);
         Self {
+            resume,
             dial_refusals,
             conns,
             tls_reloads,
@@ -408,6 +412,21 @@ impl AgentCoreMetrics {
     /// `konn_reverse_connections`, this core's share (konn only).
     pub fn reverse_connections(&self) -> LocalGauge<'_> {
         self.core.gauge(self.families.reverse.connections())
+    }
+
+    /// `konn_resumes_total{result}` (konn only).
+    pub fn resumes(&self, result: ResumeResult) -> LocalCounter<'_> {
+        self.core.counter(self.families.resume.resumes(result))
+    }
+
+    /// `konn_resume_parked_tunnels`, this core's share (konn only).
+    pub fn parked_tunnels(&self) -> LocalGauge<'_> {
+        self.core.gauge(self.families.resume.parked_tunnels())
+    }
+
+    /// `konn_resume_parked_connections`, this core's share (konn only).
+    pub fn parked_connections(&self) -> LocalGauge<'_> {
+        self.core.gauge(self.families.resume.parked_connections())
     }
 
     /// `konn_reverse_bytes_total{direction}` (konn only).

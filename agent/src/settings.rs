@@ -162,6 +162,7 @@ impl AgentSettings {
             warn_on_queue_limit: o.warn_on_channel_limit,
             reverse: o.reverse.enabled(),
             allowed: std::sync::Arc::new(o.allowed_destinations.clone()),
+            resume_window: e.resume_window.unwrap_or(Duration::ZERO),
             ..TunnelSettings::default()
         };
         let driver = DriverConfig {

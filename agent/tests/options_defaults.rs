@@ -78,6 +78,7 @@ const KONN: &[(&str, &str, &str)] = &[
     ("memory-budget", "size", "512Mi"),
     ("pin-cores", "bool", "false"),
     ("preface-timeout", "duration", "2m0s"),
+    ("resume-window", "duration", "10s"),
     ("stuck-timeout", "duration", "2m0s"),
     ("target", "stringSlice", "[]"),
     ("tls-reload-interval", "duration", "10s"),

@@ -204,6 +204,7 @@ fn tunnel_relays_and_answers_like_upstream() {
             server_count: 1,
             reverse: false,
             resume: false,
+            resumed: false,
         }));
         let payload: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
         for chunk in payload.chunks(10_000) {

@@ -155,7 +155,9 @@ pub fn tcp_peer(addr: Option<SocketAddr>, tls: Option<&TlsLayer>, identity: bool
     }
 }
 
-fn subject_cn(der: &[u8]) -> Option<String> {
+/// The subject common name of a DER certificate (the audit log's `cn=`,
+/// a resumable tunnel's identity).
+pub(crate) fn subject_cn(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let cn = cert
         .subject()

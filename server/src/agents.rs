@@ -12,22 +12,34 @@
 //! konn's flow-control extension is negotiated here: an agent that sends
 //! the request metadata `konn-flow-control: 1` gets the response header
 //! `konn-flow-control: 1` (unless `flow_control` is off in the settings),
-//! `konn-resume: v1` gets `konn-resume: v1` when the `resume` setting is
-//! on (docs/design/resume.md),
 //! and only then do PAUSE/RESUME travel on its tunnel. A Go agent never
 //! sends the metadata and never sees the header. The reverse direction's
 //! `konn-reverse: 1` (KEP-2025) is negotiated the same way.
+//!
+//! Resumable tunnels (docs/design/resume.md, `crate::resume`): an agent
+//! offering `konn-resume: v1` gets `konn-resume: v1` and a fresh
+//! `konn-resume-token` when `--resume-window` is not zero. When such a
+//! tunnel's connection is lost its backend is parked instead of removed.
+//! A Connect call presenting a token of this server (`konn-resume-token:
+//! <hex>:<serverid>`) is moved first to the worker that issued the token
+//! (the connection migrates as frontends do, before authentication), and
+//! once authenticated claims the parked backend: the response says
+//! `konn-resumed: 1` and the new stream is bound to the parked backend's
+//! id.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use konn_core::io::driver::Handler;
+use konn_core::io::driver::{Handler, WeakConnHandle};
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{Packet, PacketType};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
 use konn_protocol::maps::IdMap;
 use konn_protocol::resume;
+use konn_protocol::resume::ResumeToken;
 
 use crate::auth::{AuthResult, Verdicts};
 use crate::cluster::{Cluster, ClusterMsg};
@@ -54,6 +66,19 @@ struct Registration {
     reverse: bool,
     /// The agent offered `konn-resume: v1` and the server answers it.
     resume: bool,
+    /// The token the agent presented for a tunnel parked on this server.
+    claim: Option<ResumeToken>,
+    /// The user its token was reviewed as (token authentication).
+    user: Option<String>,
+}
+
+/// An agent connection leaving for the worker that parked the tunnel its
+/// token names (see the module docs).
+pub struct AgentPlan {
+    /// That worker.
+    pub target: usize,
+    /// Events to replay there, in order (the Connect call first).
+    pub stashed: Vec<GrpcEvent>,
 }
 
 /// The handler of one agent connection.
@@ -70,6 +95,15 @@ pub struct AgentConn {
     /// The cluster this connection was admitted to (by SNI with
     /// `--clusters-config`).
     cluster: Rc<Cluster>,
+    /// Connect streams that negotiated resume: what parking them needs.
+    resumable: HashMap<u32, crate::resume::Resumable>,
+    /// This connection (its TLS state tells the agent's certificate).
+    me: WeakConnHandle<Grpc, Self>,
+    /// The driver's detach flag, and the plan of a move.
+    detach: Rc<Cell<bool>>,
+    plan: Rc<RefCell<Option<AgentPlan>>>,
+    /// A connection that moved once does not move again.
+    may_move: bool,
 }
 
 impl AgentConn {
@@ -82,7 +116,80 @@ impl AgentConn {
             held: IdMap::default(),
             verdicts: Rc::new(Verdicts::default()),
             cluster,
+            resumable: HashMap::new(),
+            me: WeakConnHandle::default(),
+            detach: Rc::new(Cell::new(false)),
+            plan: Rc::new(RefCell::new(None)),
+            may_move: true,
         }
+    }
+
+    /// This connection's handle (for its TLS state), its driver's detach
+    /// flag and where a move's plan goes; `may_move`: false for a
+    /// connection that moved here already.
+    pub fn set_driver(
+        &mut self,
+        me: WeakConnHandle<Grpc, Self>,
+        detach: Rc<Cell<bool>>,
+        plan: Rc<RefCell<Option<AgentPlan>>>,
+        may_move: bool,
+    ) {
+        self.me = me;
+        self.detach = detach;
+        self.plan = plan;
+        self.may_move = may_move;
+    }
+
+    /// The token of a parked tunnel of this server among those presented,
+    /// if the agent offers resume and this server answers it.
+    fn presented(&self, metadata: &Headers) -> Option<ResumeToken> {
+        if self.worker.settings.resume_window.is_zero() {
+            return None;
+        }
+        let id = &self.worker.settings.server_id;
+        metadata
+            .get_all(resume::RESUME_TOKEN_METADATA.as_bytes())
+            .find_map(|v| ResumeToken::parse_presented(v, id))
+    }
+
+    /// Whether a Connect call must first move to the worker that parked
+    /// the tunnel its token names; if so, the plan is made and the driver
+    /// asked to stop.
+    fn should_move(&mut self, path: &[u8], metadata: &Headers) -> bool {
+        if !self.may_move
+            || !self.streams.is_empty()
+            || !self.held.is_empty()
+            || path != b"/AgentService/Connect"
+        {
+            return false;
+        }
+        let Some(token) = self.presented(metadata) else {
+            return false;
+        };
+        let target = crate::resume::token_core(&token);
+        if target == self.worker.index || target >= self.worker.workers {
+            return false;
+        }
+        tracing::debug!(
+            worker = target,
+            "agent reconnect for a parked tunnel; moving it to the worker that parked it"
+        );
+        *self.plan.borrow_mut() = Some(AgentPlan {
+            target,
+            stashed: Vec::new(),
+        });
+        self.detach.set(true);
+        true
+    }
+
+    /// The agent's client certificate's common name, when mTLS gave one.
+    fn peer_cn(&self) -> Option<String> {
+        let handle = self.me.upgrade()?;
+        handle.with_tls(|t| {
+            t?.peer_certificates()
+                .and_then(|certs| certs.first())
+                .and_then(|der| crate::accounting::subject_cn(der))
+        })
     }
 
     fn on_call(&mut self, grpc: &mut Grpc, id: u32, path: &[u8], metadata: &Headers) {
@@ -128,16 +235,23 @@ impl AgentConn {
         let reverse = metadata
             .get(REVERSE_KEY.as_bytes())
             .is_some_and(|v| v == "1");
-        let resume = self.worker.settings.resume
+        let resume = !self.worker.settings.resume_window.is_zero()
             && metadata
                 .get(resume::RESUME_METADATA.as_bytes())
                 .is_some_and(|v| v == resume::RESUME_VERSION);
+        let claim = if resume {
+            self.presented(metadata)
+        } else {
+            None
+        };
         let call = Registration {
             agent_id,
             identifiers,
             flow_control,
             reverse,
             resume,
+            claim,
+            user: None,
         };
         // Token authentication (upstream: after the agent id and
         // identifiers, before the response headers): hold the call until
@@ -170,12 +284,13 @@ impl AgentConn {
     }
 
     /// A held call's verdict arrived.
-    fn decide(&mut self, grpc: &mut Grpc, id: u32, call: Registration, outcome: Outcome) {
+    fn decide(&mut self, grpc: &mut Grpc, id: u32, mut call: Registration, outcome: Outcome) {
         let result = AuthResult::of(&outcome.verdict);
         match outcome.verdict {
             Verdict::Allowed { username } => {
                 self.count_auth(result, Some(outcome.source));
                 tracing::debug!(agent_id = %call.agent_id, %username, "Agent successfully authenticated via token");
+                call.user = Some(username);
                 self.register(grpc, id, call);
             }
             Verdict::Refused { message, .. } => {
@@ -206,7 +321,8 @@ impl AgentConn {
         let _ = grpc.finish(id, GrpcStatus::UNKNOWN, msg);
     }
 
-    /// Answer the call with the response headers and register the backend.
+    /// Answer the call with the response headers and register the backend
+    /// (or bind the stream to the parked backend its token claims).
     fn register(&mut self, grpc: &mut Grpc, id: u32, call: Registration) {
         let Registration {
             agent_id,
@@ -214,8 +330,18 @@ impl AgentConn {
             flow_control,
             reverse,
             resume,
+            claim,
+            user,
         } = call;
-        let s = &self.worker.settings;
+        let (w, c) = (self.worker.clone(), self.cluster.clone());
+        let s = &w.settings;
+        let now = konn_core::io::clock::now();
+        let identity = crate::resume::identity(self.peer_cn().as_deref(), user.as_deref());
+        let resumed = claim
+            .as_ref()
+            .and_then(|t| crate::resume::claim(&w, &c, t, &agent_id, &identity, now));
+        // A tunnel without a token cannot be resumed: it does without.
+        let token = resume.then(|| crate::resume::new_token(w.index)).flatten();
         let mut md = Headers::new();
         md.push(
             Bytes::from_static(b"serverid"),
@@ -237,52 +363,115 @@ impl AgentConn {
                 Bytes::from_static(b"1"),
             );
         }
-        if resume {
+        if token.is_some() || resumed.is_some() {
             md.push(
                 Bytes::from_static(resume::RESUME_METADATA.as_bytes()),
                 Bytes::from_static(resume::RESUME_VERSION.as_bytes()),
             );
         }
+        if let Some(t) = &token {
+            md.push_sensitive(
+                Bytes::from_static(resume::RESUME_TOKEN_METADATA.as_bytes()),
+                Bytes::from(t.to_hex()),
+            );
+        }
+        if resumed.is_some() {
+            md.push(
+                Bytes::from_static(resume::RESUMED_METADATA.as_bytes()),
+                Bytes::from_static(b"1"),
+            );
+        }
         if grpc.accept(id, &md).is_err() {
+            if let Some(bid) = resumed {
+                // The stream went meanwhile: the claimed backend ends.
+                let info = crate::resume::ParkedInfo {
+                    agent_id: agent_id.clone(),
+                    connections: 0,
+                    held: 0,
+                };
+                crate::resume::end(
+                    &w,
+                    &c,
+                    bid,
+                    &info,
+                    konn_core::metrics::common::ResumeResult::Refused,
+                );
+            }
             return;
         }
-        let bid = self.worker.next_id();
-        tracing::info!(agent_id = %agent_id, backend = bid, flow_control, cluster = self.cluster.name(), "agent connected");
-        {
-            let mut router = self.cluster.router.borrow_mut();
-            router.backend_connected(bid, agent_id, identifiers, self.worker.index);
-            router.set_flow_control(bid, flow_control);
-            router.set_reverse(bid, reverse);
-            if resume {
-                let q = s.router.flow.high.saturating_mul(2);
-                router.set_resume(bid, Some(resume::ResumeLimits::from_queue_size(q)));
+        let bid = resumed.unwrap_or_else(|| w.next_id());
+        match resumed {
+            Some(bid) => {
+                tracing::info!(agent_id = %agent_id, backend = bid, cluster = c.name(), "agent tunnel resumed");
+                // The parked backend's ref keeps the credit it holds back.
+                let mut backends = c.backends.borrow_mut();
+                match backends.get_mut(&bid) {
+                    Some(b) => {
+                        b.outbox = self.outbox.clone();
+                        b.stream = id;
+                        b.queued.set(0);
+                    }
+                    None => {
+                        backends.insert(bid, self.backend_ref(id));
+                    }
+                }
+                drop(backends);
+                let mut router = c.router.borrow_mut();
+                router.set_flow_control(bid, flow_control);
+                router.set_reverse(bid, reverse);
+                router.backend_resumed(bid);
+            }
+            None => {
+                tracing::info!(agent_id = %agent_id, backend = bid, flow_control, resume = token.is_some(), cluster = c.name(), "agent connected");
+                let mut router = c.router.borrow_mut();
+                router.backend_connected(bid, agent_id.clone(), identifiers, w.index);
+                router.set_flow_control(bid, flow_control);
+                router.set_reverse(bid, reverse);
+                if token.is_some() {
+                    router.set_resume(bid, Some(crate::resume::limits(&w)));
+                }
+                drop(router);
+                c.backends.borrow_mut().insert(bid, self.backend_ref(id));
             }
         }
-        let entry = self.cluster.router.borrow().directory().get(bid).cloned();
-        self.cluster.backends.borrow_mut().insert(
-            bid,
-            BackendRef {
-                outbox: self.outbox.clone(),
-                stream: id,
-                queued: std::cell::Cell::new(0),
-                waiting: std::cell::RefCell::new(Vec::new()),
-                drained: Rc::new(konn_core::io::notify::Broadcast::new()),
-            },
-        );
+        if let Some(token) = token {
+            self.resumable.insert(
+                id,
+                crate::resume::Resumable {
+                    token,
+                    agent_id,
+                    identity,
+                },
+            );
+        }
         self.streams.insert(id, bid);
-        bump(&self.worker.shared.connect_streams, true);
-        bump(&self.worker.shared.backends, true);
-        self.cluster
-            .metrics
-            .grpc_connections(ServiceMethod::Connect)
-            .inc();
+        bump(&w.shared.connect_streams, true);
+        bump(&w.shared.backends, true);
+        c.metrics.grpc_connections(ServiceMethod::Connect).inc();
+        // The announcement and replay of a resumed tunnel go out now.
+        c.apply(&w);
+        c.backend_drained(&w, bid);
         self.publish_backends();
+        let entry = c.router.borrow().directory().get(bid).cloned();
         if let Some(e) = entry {
-            let load = std::sync::Arc::new(crate::worker::BackendLoad::default());
-            self.cluster.loads.borrow_mut().insert(bid, load.clone());
-            self.cluster.announce(&self.worker, || {
-                ClusterMsg::BackendUp(e.clone(), load.clone())
-            });
+            let load = c
+                .loads
+                .borrow_mut()
+                .entry(bid)
+                .or_insert_with(|| std::sync::Arc::new(crate::worker::BackendLoad::default()))
+                .clone();
+            c.announce(&w, || ClusterMsg::BackendUp(e.clone(), load.clone()));
+        }
+    }
+
+    /// How the cluster reaches this connection's stream `id`.
+    fn backend_ref(&self, id: u32) -> BackendRef {
+        BackendRef {
+            outbox: self.outbox.clone(),
+            stream: id,
+            queued: Cell::new(0),
+            waiting: RefCell::new(Vec::new()),
+            drained: Rc::new(konn_core::io::notify::Broadcast::new()),
         }
     }
 
@@ -295,16 +484,33 @@ impl AgentConn {
         }
     }
 
-    fn gone(&mut self, id: u32) {
+    /// Stream `id` ended; `lost`: because its connection was lost (a
+    /// tunnel that negotiated resume is then parked, not removed).
+    fn gone(&mut self, id: u32, lost: bool) {
         let Some(bid) = self.streams.remove(&id) else {
             return;
         };
+        let resumable = self.resumable.remove(&id);
+        let (w, c) = (&*self.worker, &*self.cluster);
+        if lost
+            && !c.removed.get()
+            && let Some(r) = &resumable
+            && crate::resume::park(w, c, bid, r, konn_core::io::clock::now())
+        {
+            bump(&w.shared.connect_streams, false);
+            bump(&w.shared.backends, false);
+            c.metrics.grpc_connections(ServiceMethod::Connect).dec();
+            self.publish_backends();
+            c.publish(w);
+            // Elsewhere it is gone: no new dials, no relayed flows.
+            c.announce(w, || ClusterMsg::BackendDown(bid));
+            return;
+        }
         tracing::info!(
             backend = bid,
             cluster = self.cluster.name(),
             "agent disconnected"
         );
-        let (w, c) = (&*self.worker, &*self.cluster);
         let agent_id = c
             .router
             .borrow()
@@ -334,10 +540,30 @@ impl AgentConn {
 
 impl Handler<Grpc> for AgentConn {
     fn on_event(&mut self, grpc: &mut Grpc, event: GrpcEvent) {
+        if let Some(plan) = self.plan.borrow_mut().as_mut() {
+            plan.stashed.push(event);
+            return;
+        }
         match event {
             GrpcEvent::Call {
-                id, path, metadata, ..
-            } => self.on_call(grpc, id, &path, &metadata),
+                id,
+                path,
+                metadata,
+                timeout,
+            } => {
+                if self.should_move(&path, &metadata) {
+                    if let Some(plan) = self.plan.borrow_mut().as_mut() {
+                        plan.stashed.push(GrpcEvent::Call {
+                            id,
+                            path,
+                            metadata,
+                            timeout,
+                        });
+                    }
+                    return;
+                }
+                self.on_call(grpc, id, &path, &metadata)
+            }
             GrpcEvent::Message {
                 id,
                 msg,
@@ -355,13 +581,15 @@ impl Handler<Grpc> for AgentConn {
                             w.forwarding.set(ty);
                             let drain = matches!(p, Packet::Drain);
                             let framed = framed.unwrap_or_else(|| reframe(&msg));
-                            credit = c.router.borrow_mut().backend_packet(
-                                konn_core::io::clock::now(),
-                                bid,
-                                p,
-                                framed,
-                                flow,
-                            );
+                            let now = konn_core::io::clock::now();
+                            let mut router = c.router.borrow_mut();
+                            credit = router.backend_packet(now, bid, p, framed, flow);
+                            // An ACK now owed by time: the timer wakes for it.
+                            let ack_timer = router.take_resume_timer();
+                            drop(router);
+                            if ack_timer {
+                                w.poke_timer(now + crate::resume::limits(w).ack_delay);
+                            }
                             c.apply(w);
                             if ty != PacketType::Data {
                                 c.publish(w);
@@ -388,7 +616,7 @@ impl Handler<Grpc> for AgentConn {
             }
             GrpcEvent::HalfClose { id } => {
                 self.unhold(id);
-                self.gone(id);
+                self.gone(id, false);
                 let _ = grpc.finish(id, GrpcStatus::OK, "");
             }
             GrpcEvent::Finished { id, status, .. } => {
@@ -400,7 +628,9 @@ impl Handler<Grpc> for AgentConn {
                         .inc();
                 }
                 self.unhold(id);
-                self.gone(id);
+                // Lost with its connection (not ended by the agent).
+                let lost = grpc.conn().error().is_some();
+                self.gone(id, lost);
             }
             GrpcEvent::ResponseHeaders { .. } | GrpcEvent::GoAway { .. } => {}
         }
@@ -435,7 +665,7 @@ impl Handler<Grpc> for AgentConn {
         }
         let ids: Vec<u32> = self.streams.keys().copied().collect();
         for id in ids {
-            self.gone(id);
+            self.gone(id, error.is_some());
         }
         self.outbox.close();
     }

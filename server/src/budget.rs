@@ -38,6 +38,14 @@
 //!
 //! The queues can grow past the mark by what arrives between two
 //! dispatches of one connection, which the tunnel's HTTP/2 window bounds.
+//!
+//! Parked tunnels (`konn-resume`, `crate::resume`) count too: the bytes a
+//! parked tunnel holds for replay are added to the core's total when it
+//! parks and taken off when it resumes or closes. When the budget bites,
+//! parked tunnels are closed first, those holding the most first
+//! (`konn_memory_budget_resets_total{queue="parked"}` counts them): they
+//! carry nothing now and would close at the window's end anyway; streams
+//! are reset only if that was not enough.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;

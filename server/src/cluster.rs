@@ -138,6 +138,9 @@ pub struct Cluster {
     pub removed: Cell<bool>,
     /// See `removed`.
     pub stopping: Broadcast,
+    /// This core's parked backends of the cluster (`konn-resume`,
+    /// `crate::resume`).
+    pub parked: RefCell<crate::resume::Parked>,
     /// This core's (pending dials, established connections) as last added
     /// to the process-wide counters in `Shared`.
     published: Cell<(usize, usize)>,
@@ -174,6 +177,7 @@ impl Cluster {
             connections: RefCell::new(IdSet::default()),
             removed: Cell::new(false),
             stopping: Broadcast::new(),
+            parked: RefCell::new(crate::resume::Parked::default()),
             published: Cell::new((0, 0)),
             me: std::cell::OnceCell::new(),
         });

@@ -211,8 +211,9 @@ impl FrontendConn {
     }
 
     /// Report this connection's queued bytes to the core's memory budget;
-    /// when it bites, reset this connection's largest streams and let the
-    /// other connections of the core do the same (`crate::budget`).
+    /// when it bites, close the core's parked tunnels first, then reset
+    /// this connection's largest streams and let the other connections of
+    /// the core do the same (`crate::budget`).
     fn account(&mut self, grpc: &mut Grpc, total: usize) {
         let old = std::mem::replace(&mut self.queued, total);
         // Only a change pokes the others: a poked connection whose total
@@ -221,11 +222,17 @@ impl FrontendConn {
         let may_poke = old != total;
         // The budget is the core's: count the streams of every cluster.
         let worker = &self.worker;
-        let Some(shed) =
+        let Some(mut shed) =
             crate::budget::account(&worker.pool, old, total, || worker.frontend_count())
         else {
             return;
         };
+        // Parked tunnels' replay bytes go first (`crate::resume::shed`).
+        let parked = crate::resume::shed(worker, shed.short);
+        if parked >= shed.short {
+            return;
+        }
+        shed.short -= parked;
         let connections = crate::budget::connections(worker);
         if !crate::budget::holds_share(&shed, total, connections.len()) {
             // Another connection holds more than this one: it sheds.

@@ -20,6 +20,8 @@
 //! - [`overload`]: `--overload-memory-watermark`: new dials refused while
 //!   pooled memory in use is above it (the admission limits themselves are
 //!   sans-IO, `konn_protocol::server::limits`).
+//! - [`resume`]: resumable tunnels (`konn-resume`): tokens, parked
+//!   backends, resuming them on a new stream.
 //! - [`reverse`]: the reverse direction (KEP-2025): dialling allowed
 //!   control-plane destinations for agents.
 //! - [`serve`]: listeners, workers, cross-core announcements, migration.
@@ -42,6 +44,7 @@ pub mod kube;
 pub mod metrics;
 pub mod options;
 pub mod overload;
+pub mod resume;
 pub mod reverse;
 pub mod serve;
 pub mod settings;

@@ -51,7 +51,8 @@ use konn_core::metrics::{
     CoreMetrics, CounterVec, DynamicCounterVec, DynamicHistogramVec, GaugeVec, HistogramVec,
     LocalCounter, LocalGauge, LocalHistogram, Registry, SharedCounter, SharedGauge,
     common::{
-        ConnEnd, ConnFamilies, ReverseDirection, ReverseFamilies, ReverseResult, StreamFamilies,
+        ConnEnd, ConnFamilies, ResumeFamilies, ResumeResult, ReverseDirection, ReverseFamilies,
+        ReverseResult, StreamFamilies,
     },
 };
 use konn_frames::{GrpcStatus, packet::PacketType};
@@ -196,6 +197,7 @@ struct Families {
     dial_refusals: DynamicCounterVec,
     conns: ConnFamilies,
     audit_dropped: CounterVec,
+    resume: ResumeFamilies,
 }
 
 /// `reason` labels of `konn_reverse_refusals_total`, in
@@ -308,7 +310,7 @@ impl Families {
         );
         let budget_resets = b.dynamic_counter_vec(
             "konn_memory_budget_resets_total",
-            "Streams reset because the data queued for them did not fit --memory-budget, by queue (frontend: towards a gRPC frontend).",
+            "Streams reset, or parked tunnels closed, because the data queued for them did not fit --memory-budget, by queue (frontend: towards a gRPC frontend; parked: held for a tunnel's resume).",
             &["queue"],
         );
         let tls_reloads = b.dynamic_counter_vec(
@@ -342,7 +344,9 @@ impl Families {
             "konn_audit_records_dropped_total",
             "Audit records dropped because the audit log's queue was full or its file could not be written (--audit-log-path); traffic is never held for the audit log.",
         );
+        let resume = ResumeFamilies::register(b);
         Self {
+            resume,
             conns,
             audit_dropped,
             clusters,
@@ -729,6 +733,21 @@ impl ServerCoreMetrics {
     #[inline]
     pub fn reverse_bytes(&self, direction: ReverseDirection) -> LocalCounter<'_> {
         self.core.counter(self.families.reverse.bytes(direction))
+    }
+
+    /// `konn_resumes_total{result}` (konn only).
+    pub fn resumes(&self, result: ResumeResult) -> LocalCounter<'_> {
+        self.core.counter(self.families.resume.resumes(result))
+    }
+
+    /// `konn_resume_parked_tunnels`, this core's share (konn only).
+    pub fn parked_tunnels(&self) -> LocalGauge<'_> {
+        self.core.gauge(self.families.resume.parked_tunnels())
+    }
+
+    /// `konn_resume_parked_connections`, this core's share (konn only).
+    pub fn parked_connections(&self) -> LocalGauge<'_> {
+        self.core.gauge(self.families.resume.parked_connections())
     }
 }
 

@@ -68,10 +68,12 @@ pub struct ServerSettings {
     /// Answer an agent's `konn-flow-control` offer (PAUSE/RESUME on its
     /// tunnel). Off: every agent gets upstream's protocol only.
     pub flow_control: bool,
-    /// Answer an agent's `konn-resume` offer: count, acknowledge and keep
-    /// for replay each flow's bytes (docs/design/resume.md). Parking on a
-    /// break is not wired yet, so this is off by default and has no flag.
-    pub resume: bool,
+    /// `--resume-window`: answer an agent's `konn-resume` offer (count,
+    /// acknowledge and keep for replay each flow's bytes) and, when its
+    /// tunnel breaks, keep its connections parked this long for the agent
+    /// to resume them (docs/design/resume.md). Zero: resume off, every
+    /// agent gets upstream's protocol.
+    pub resume_window: Duration,
     /// Time allowed to send the CONNECT request head (upstream: 60 s).
     pub connect_header_timeout: Duration,
     /// Largest gRPC message accepted.
@@ -189,7 +191,7 @@ impl ServerSettings {
             tunnel_high_water: 1 << 20,
             tunnel_low_water: 256 << 10,
             flow_control: true,
-            resume: false,
+            resume_window: Duration::ZERO,
             connect_header_timeout: Duration::from_secs(60),
             max_message: konn_frames::grpc::DEFAULT_MAX_RECV_MESSAGE_SIZE,
             windows: (4 << 20, 16 << 20),
@@ -425,7 +427,7 @@ impl ServerSettings {
             connect_header_timeout: o.connect_header_timeout.unwrap_or(NEVER),
             max_message: e.grpc_max_message_size,
             windows: (e.h2_stream_window, e.h2_conn_window),
-            resume: false,
+            resume_window: e.resume_window.unwrap_or(Duration::ZERO),
             driver,
             runtime,
             graceful_shutdown_timeout: o.graceful_shutdown_timeout.unwrap_or(Duration::ZERO),

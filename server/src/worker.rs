@@ -332,6 +332,11 @@ pub struct Worker {
     pub stopped: Cell<bool>,
     /// See `stopped`.
     pub stopping: Broadcast,
+    /// Wakes the router timer (`crate::serve`) for a deadline that came
+    /// sooner than the one it sleeps towards ([`Worker::poke_timer`]).
+    pub timer: Notify,
+    /// When the router timer wakes next.
+    pub timer_at: Cell<Option<std::time::Instant>>,
     /// Tasks started with [`Worker::spawn`] that have not ended.
     pub tasks: Rc<TaskCount>,
     /// The process-wide metrics (without `--clusters-config` they hold the
@@ -381,6 +386,8 @@ impl Worker {
             connections: RefCell::new(IdMap::default()),
             stopped: Cell::new(false),
             stopping: Broadcast::new(),
+            timer: Notify::new(),
+            timer_at: Cell::new(None),
             tasks: Rc::new(TaskCount::default()),
             all_metrics,
             forwarding: Cell::new(PacketType::Data),
@@ -502,6 +509,15 @@ impl Worker {
             fut,
             TaskDone(count),
         )));
+    }
+
+    /// The router timer must wake by `at` (a resume ACK due by time, a
+    /// parked tunnel's window): wakes it if it sleeps longer.
+    pub fn poke_timer(&self, at: std::time::Instant) {
+        if self.timer_at.get().is_none_or(|t| t > at) {
+            self.timer_at.set(Some(at));
+            self.timer.notify();
+        }
     }
 
     /// A process-unique id (worker index in the top bits).

@@ -6,6 +6,11 @@
 //! destinations, and the chaos proxy of konn-testkit on the agent ↔ server
 //! or agent ↔ destination path.
 //!
+//! konn runs with `--resume-window=0` unless a row says otherwise: the
+//! reference's criteria are those of a tunnel whose break cuts its
+//! connections, as upstream's does; row 06d shows the same cut with
+//! konn's resumable tunnels on (docs/design/resume.md).
+//!
 //! Every row states its pass criterion, checks the SHA-256 of the bytes on
 //! every path that should survive (and that a path that dies delivered only
 //! a correct prefix), checks the servers' tables (established connections,
@@ -87,6 +92,21 @@ fn imps() -> Vec<Imp> {
     v
 }
 
+/// `--resume-window=0` unless `extra` sets the window (see the module
+/// docs).
+fn no_resume(extra: &[&str]) -> Option<String> {
+    (!extra.iter().any(|a| a.starts_with("--resume-window")))
+        .then(|| "--resume-window=0".to_owned())
+}
+
+/// konn's flags for a row with resumable tunnels on (upstream has none).
+fn resume_on(imp: Imp) -> &'static [&'static str] {
+    match imp {
+        Imp::Konn => &["--resume-window=10s"],
+        Imp::Upstream => &[],
+    }
+}
+
 fn at(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
@@ -146,6 +166,7 @@ impl Server {
         ];
         if imp == Imp::Konn {
             args.push("--workers=1".to_owned());
+            args.extend(no_resume(extra));
         }
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let log = dir.path(&format!("server-{}-{agent_port}.log", imp.name()));
@@ -271,6 +292,7 @@ impl Agent {
         ];
         if imp == Imp::Konn {
             args.push("--workers=1".to_owned());
+            args.extend(no_resume(extra));
         }
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let log = dir.path(&format!("agent-{}-{id}-{health}.log", imp.name()));
@@ -856,6 +878,68 @@ fn row06b_reset_between_agent_and_server() {
                 recovery: Some(recovery),
                 bytes_lost: Some(0),
                 note: String::new(),
+            })
+        },
+    );
+}
+
+#[test]
+fn row06d_reset_between_agent_and_server_resumed() {
+    run_row(
+        "06d",
+        "RST and a 2 s outage between agent and server, resumable tunnels on",
+        "konn with --resume-window=10s on both (upstream has no resume): RST both sides of the agent's tunnel during 4 transfers, the path then blackholed for 2 s (reconnects fail too): every transfer completes byte-exact, the tunnel is resumed (konn_resumes_total{result=\"resumed\"} 1 on both), exactly one tunnel is ready, tables, server descriptors and destination sockets back to baseline",
+        |imp, dir, pki| {
+            let echo = Echo::start();
+            let server = Server::start(imp, dir, pki, 0, resume_on(imp));
+            let proxy = ChaosProxy::start(at(server.agent_port)).unwrap();
+            let agent =
+                Agent::start_with(imp, dir, pki, "agent", proxy.addr().port(), resume_on(imp));
+            check(wait_until(T, || server.ready() == 1.0), || {
+                "agent not ready".into()
+            })?;
+            let baseline = fds_of(server.proc.pid());
+            let flows = start_flows(&server, echo.addr, 4, 400)?;
+            let cut = Instant::now();
+            proxy.set_both(Faults {
+                blackhole: true,
+                ..Faults::default()
+            });
+            proxy.reset();
+            // The outage itself (not synchronisation).
+            std::thread::sleep(Duration::from_secs(2));
+            proxy.heal();
+            let ends: Vec<FlowEnd> = flows.into_iter().map(Flow::join).collect();
+            let done = cut.elapsed();
+            let complete = ends.iter().filter(|e| e.end == End::Complete).count();
+            check(ends.iter().all(|e| e.intact), || {
+                "wrong bytes were delivered".into()
+            })?;
+            check(complete == 4, || {
+                format!("{complete} of 4 transfers completed")
+            })?;
+            let resumed = r#"konn_resumes_total{result="resumed"}"#;
+            check(server.metric(resumed) == 1.0, || {
+                format!("server resumed {}", server.metric(resumed))
+            })?;
+            check(agent.metric(resumed) == Some(1.0), || {
+                format!("agent resumed {:?}", agent.metric(resumed))
+            })?;
+            check(server.ready() == 1.0, || {
+                format!("{} tunnels ready", server.ready())
+            })?;
+            check(wait_until(T, || server.tables_empty()), || {
+                "tables not empty".into()
+            })?;
+            check(wait_until(T, || echo.open() == 0), || {
+                "destination sockets stay open".into()
+            })?;
+            server_fds_back(&server, baseline)?;
+            Ok(Measured {
+                recovery: Some(done),
+                bytes_lost: Some(0),
+                note: "recovery: from the RST until every transfer completed".into(),
+                ..Measured::default()
             })
         },
     );

@@ -109,6 +109,7 @@ const KONN: &[(&str, &str, &str)] = &[
     ("overload-memory-watermark", "float32", "0"),
     ("pin-cores", "bool", "false"),
     ("preface-timeout", "duration", "2m0s"),
+    ("resume-window", "duration", "10s"),
     ("reverse-dial-rate", "int", "100"),
     ("reverse-dial-timeout", "duration", "10s"),
     ("reverse-max-per-agent", "int", "256"),

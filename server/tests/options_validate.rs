@@ -695,6 +695,15 @@ fn engine_flags_are_validated_too() {
     .unwrap();
     assert_eq!(o.engine.workers, 2);
     assert_eq!(o.engine.memory_budget, 64 << 20);
+    // Resume: 10 s by default, 0 turns it off, a bound above.
+    let window = |args: &[&str]| tcp(&ca, args).map(|o| o.engine.resume_window);
+    assert_eq!(window(&[]).unwrap(), Some(Duration::from_secs(10)));
+    assert_eq!(window(&["--resume-window=0"]).unwrap(), None);
+    let e = err(tcp(&ca, &["--resume-window=1h"]));
+    assert_eq!(
+        e.to_string(),
+        "--resume-window=1h0m0s is out of range: must be at most 10m0s (0 disables resume)"
+    );
 }
 
 #[test]

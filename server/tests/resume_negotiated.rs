@@ -5,8 +5,8 @@
 //! replay until acknowledged; concurrent bulk echoes must still arrive
 //! byte-exact (SHA-256) through an agent whose buffer budget is smaller
 //! than what they move (so acknowledged bytes are released), and a side
-//! that offers it to one that does not gets upstream's protocol. (Parking across a broken tunnel is covered
-//! in memory by `sim_resume.rs`; the drivers do not park yet.)
+//! that offers it to one that does not gets upstream's protocol. (Parking across a broken tunnel:
+//! `sim_resume.rs` in memory, `resume.rs` on real sockets.)
 
 // The agent thread and the wait for its connection read the real clock.
 #![allow(clippy::disallowed_methods)]
@@ -55,7 +55,11 @@ impl Rig {
             ServerSettings::for_tests(FrontendListen::Unix(dir.path().join("s.sock")), Mode::Grpc);
         settings.runtime.workers = 1;
         settings.runtime.engine = engine_flag(engine);
-        settings.resume = server_resume;
+        settings.resume_window = if server_resume {
+            Duration::from_secs(5)
+        } else {
+            Duration::ZERO
+        };
         let server = start(settings).unwrap();
         let socket = server.frontend_path().unwrap().to_path_buf();
         let address = server.agent_addr().to_string();
@@ -75,7 +79,11 @@ impl Rig {
                     keepalive_time: Duration::from_secs(3600),
                     connect_timeout: Duration::from_secs(5),
                     settings: TunnelSettings {
-                        resume: agent_resume,
+                        resume_window: if agent_resume {
+                            Duration::from_secs(5)
+                        } else {
+                            Duration::ZERO
+                        },
                         ..TunnelSettings::default()
                     },
                     driver: DriverConfig::default(),

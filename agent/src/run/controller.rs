@@ -1,6 +1,15 @@
 //! The sync loop (worker 0): upstream's `sync()`/`connectOnce` over the
 //! sans-IO [`ServerSet`], tunnel placement on the least-loaded worker, and
 //! the workers' reports about each attempt.
+//!
+//! While a tunnel is parked for a resume (`konn-resume`,
+//! `crate::resume`), the loop reconnects at once and again (even with a
+//! full set, even while draining; failed attempts start at most every
+//! [`PARKED_SPACING`]), each attempt on the worker that parked it (only
+//! that worker can take its endpoints over) and bounded by
+//! [`parked_attempt_timeout`], until the server resumes it or it ends. A
+//! new tunnel to a server whose tunnel is parked on another worker is
+//! closed as a duplicate, so the parked one can still resume.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -13,6 +22,12 @@ use konn_core::io::xcore::MeshSender;
 use konn_protocol::agent::sync::{Admission, Outcome, Rng, Round, ServerSet, TunnelId};
 
 use crate::metrics::AgentMetrics;
+
+/// While a tunnel is parked, failed attempts start at most this often: an
+/// attempt that timed out is followed at once, one refused at once waits
+/// the rest (upstream's first backoff step: a fleet whose tunnels all
+/// parked does not hammer a restarting server harder than a fresh one).
+const PARKED_SPACING: std::time::Duration = std::time::Duration::from_secs(1);
 
 use super::{Inner, Msg, Report, Shared};
 
@@ -38,6 +53,23 @@ pub(super) struct Controller {
     mesh: MeshSender<Msg>,
     shared: Arc<Shared>,
     metrics: AgentMetrics,
+    /// Tunnels parked for a resume: `serverid` → their worker.
+    parked: RefCell<HashMap<String, usize>>,
+    /// `--resume-window`.
+    resume_window: std::time::Duration,
+}
+
+/// How long one attempt may take while a tunnel is parked: a fifth of the
+/// window, at least a second, at most the usual bound. An attempt through
+/// a path that swallows packets is given up early and the next one tried,
+/// so a resume follows soon after the path heals.
+pub(super) fn parked_attempt_timeout(
+    window: std::time::Duration,
+    header_timeout: std::time::Duration,
+) -> std::time::Duration {
+    (window / 5)
+        .max(std::time::Duration::from_secs(1))
+        .min(header_timeout)
 }
 
 impl Controller {
@@ -57,16 +89,29 @@ impl Controller {
             mesh,
             shared: inner.shared.clone(),
             metrics: inner.metrics.clone(),
+            parked: RefCell::new(HashMap::new()),
+            resume_window: inner.settings.connect.settings.resume_window,
         }
     }
 
     /// upstream's `sync()`: a round, a pause, until stopped.
     pub(super) async fn run(&self, stop: &StopToken) {
         loop {
+            let started = konn_core::io::clock::now();
             let Some(outcome) = self.connect_once(stop).await else {
                 return;
             };
-            let pause = self.set.borrow_mut().pause(outcome);
+            let mut pause = self.set.borrow_mut().pause(outcome);
+            if !self.parked.borrow().is_empty() {
+                // Resume before the window ends: no backoff.
+                pause = if outcome == Outcome::Failed {
+                    PARKED_SPACING.saturating_sub(
+                        konn_core::io::clock::now().saturating_duration_since(started),
+                    )
+                } else {
+                    std::time::Duration::ZERO
+                };
+            }
             let sleep = race(monoio::time::sleep(pause), self.wake.notified());
             if let Either::Right(()) = race(sleep, stop.stopped()).await {
                 return;
@@ -79,7 +124,12 @@ impl Controller {
         if self.shared.draining.load(Ordering::Acquire) {
             self.set.borrow_mut().set_draining();
         }
-        let round = self.set.borrow().round();
+        let mut round = self.set.borrow().round();
+        if !self.parked.borrow().is_empty() {
+            round = Round::Connect {
+                server_count: self.set.borrow().server_count(),
+            };
+        }
         let server_count = match round {
             Round::Draining => {
                 tracing::debug!("skipping connectOnce - agent is draining");
@@ -94,7 +144,10 @@ impl Controller {
         self.publish_count(server_count);
         let tunnel = self.next_id.get();
         self.next_id.set(tunnel + 1);
-        let worker = self.place(tunnel);
+        let worker = match self.parked_worker() {
+            Some(w) => self.place_on(tunnel, w),
+            None => self.place(tunnel),
+        };
         self.shared.attempts.fetch_add(1, Ordering::Relaxed);
         *self.pending.borrow_mut() = Some(Pending {
             tunnel,
@@ -106,7 +159,10 @@ impl Controller {
             tracing::warn!(worker, "could not hand a tunnel to its worker");
             return Some(Outcome::Failed);
         }
-        let timeout = self.set.borrow().config().header_timeout;
+        let mut timeout = self.set.borrow().config().header_timeout;
+        if !self.parked.borrow().is_empty() {
+            timeout = parked_attempt_timeout(self.resume_window, timeout);
+        }
         let deadline = monoio::time::Instant::now() + timeout;
         let result = loop {
             let done = self
@@ -173,10 +229,21 @@ impl Controller {
             Report::Connected {
                 server_id,
                 server_count,
+                resumed,
             } => {
                 if !self.is_pending(tunnel) {
                     // Answered after the sync loop gave up on it.
                     self.close_tunnel(tunnel);
+                    return;
+                }
+                if resumed {
+                    self.parked.borrow_mut().remove(&server_id);
+                } else if self.parked.borrow().contains_key(&server_id) {
+                    // Parked on another worker: that one must resume.
+                    tracing::debug!(server_id = %server_id, "tunnel to a server whose tunnel is parked elsewhere; closing it");
+                    self.shared.duplicates.fetch_add(1, Ordering::Relaxed);
+                    self.close_tunnel(tunnel);
+                    self.resolve(tunnel, Ok(Outcome::Duplicate));
                     return;
                 }
                 let admission = self
@@ -202,6 +269,17 @@ impl Controller {
                 }
             }
             Report::Rejected(why) | Report::Failed(why) => self.resolve(tunnel, Err(why)),
+            Report::Parked { server_id } => {
+                let worker = self.placed.borrow().get(&tunnel).copied();
+                if let Some(w) = worker {
+                    self.parked.borrow_mut().insert(server_id, w);
+                    // Reconnect now, not after the pause.
+                    self.wake.notify();
+                }
+            }
+            Report::ParkEnded { server_id } => {
+                self.parked.borrow_mut().remove(&server_id);
+            }
             Report::Ended => {
                 self.resolve(
                     tunnel,
@@ -255,6 +333,29 @@ impl Controller {
         self.cursor.set(chosen + 1);
         self.placed.borrow_mut().insert(tunnel, chosen);
         chosen
+    }
+
+    /// The worker of a parked tunnel, in turn (`None`: none is parked).
+    fn parked_worker(&self) -> Option<usize> {
+        let parked = self.parked.borrow();
+        let mut workers: Vec<usize> = parked.values().copied().collect();
+        workers.sort_unstable();
+        workers.dedup();
+        let n = workers.len();
+        (n > 0).then(|| {
+            let i = self.cursor.get() % n;
+            self.cursor.set(self.cursor.get().wrapping_add(1));
+            workers[i]
+        })
+    }
+
+    /// Place a tunnel on worker `w`.
+    fn place_on(&self, tunnel: TunnelId, w: usize) -> usize {
+        if let Some(l) = self.load.borrow_mut().get_mut(w) {
+            *l += 1;
+        }
+        self.placed.borrow_mut().insert(tunnel, w);
+        w
     }
 
     fn unplace(&self, tunnel: TunnelId) {

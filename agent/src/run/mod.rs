@@ -98,6 +98,19 @@ pub enum Report {
         server_id: String,
         /// `servercount`.
         server_count: usize,
+        /// It resumed a tunnel parked on this worker (`konn-resume`).
+        resumed: bool,
+    },
+    /// The tunnel's connection broke and its endpoints are parked on its
+    /// worker for a resume (before [`Report::Ended`]).
+    Parked {
+        /// The server.
+        server_id: String,
+    },
+    /// A parked tunnel closed without a resume (after [`Report::Ended`]).
+    ParkEnded {
+        /// The server.
+        server_id: String,
     },
     /// The server refused the call, or its headers were malformed.
     Rejected(String),

@@ -15,7 +15,7 @@ use konn_core::io::notify::Notify;
 use konn_core::io::pool::BufPool;
 use konn_core::io::runtime::{Either, StopToken, WorkerCtx, race};
 use konn_core::io::xcore::{MeshSender, detach_tcp};
-use konn_core::metrics::common::{ReverseDirection, ReverseResult};
+use konn_core::metrics::common::{ResumeResult, ReverseDirection, ReverseResult};
 use konn_frames::GrpcStatus;
 use konn_frames::packet::PacketType;
 use konn_protocol::agent::sync::{Rng, TunnelId};
@@ -27,6 +27,7 @@ use crate::conn::{TunnelEvent, TunnelHandler, TunnelObserver};
 use crate::debug::EndpointInfo;
 use crate::health::{admin_router, health_router};
 use crate::metrics::{AgentCoreMetrics, DialFailureReason, Direction, ReverseRefusal, Segment};
+use crate::resume::ParkingLot;
 
 use super::controller::Controller;
 use super::{Inner, Msg, Report};
@@ -56,6 +57,8 @@ struct Worker {
     rng: RefCell<Rng>,
     /// Wakes the `/debug/connections` publisher ([`Msg::Watch`]).
     watch: Notify,
+    /// Tunnels of this worker parked for a resume (`konn-resume`).
+    parking: Rc<ParkingLot>,
 }
 
 pub(super) async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
@@ -74,6 +77,7 @@ pub(super) async fn worker_main(mut ctx: WorkerCtx<Msg>, inner: Arc<Inner>) {
         live: Cell::new(0),
         index,
         rng: RefCell::new(Rng::new(konn_core::io::clock::seed())),
+        parking: Rc::new(ParkingLot::new()),
         inner: inner.clone(),
         watch: Notify::new(),
     });
@@ -230,12 +234,13 @@ impl Worker {
         }
     }
 
-    /// Close everything (stop).
+    /// Close everything (stop), parked tunnels included.
     fn close_all(&self) {
         let ids: Vec<TunnelId> = self.slots.borrow().keys().copied().collect();
         for id in ids {
             self.close(id);
         }
+        self.parking.close_all();
     }
 
     fn running(&self) -> Vec<TunnelHandle> {
@@ -404,24 +409,31 @@ impl Worker {
                 TunnelEvent::Connected {
                     server_id,
                     server_count,
+                    resumed,
                     ..
                 } => Report::Connected {
                     server_id,
                     server_count,
+                    resumed,
                 },
                 TunnelEvent::Rejected(why) => Report::Rejected(why),
+                TunnelEvent::Parked { server_id } => Report::Parked { server_id },
+                TunnelEvent::ParkEnded { server_id } => Report::ParkEnded { server_id },
                 // The attempt reports its own end below.
                 TunnelEvent::Closed => return,
             };
             Self::report(&mesh, tunnel, report);
         });
         let params = &self.inner.settings.connect;
-        let handler = TunnelHandler::with_observer(
+        let mut handler = TunnelHandler::with_observer(
             params.settings.clone(),
             self.pool.clone(),
             report,
             self.observer.clone(),
         );
+        if !params.settings.resume_window.is_zero() {
+            handler.set_parking(self.parking.clone());
+        }
         let open = open_tunnel_with(
             params,
             self.h2.clone(),
@@ -541,6 +553,21 @@ impl TunnelObserver for CoreObserver {
                 duration: open,
                 destination: "",
             });
+        }
+    }
+
+    fn tunnel_parked(&self, connections: usize) {
+        if let Some(m) = &self.metrics {
+            m.parked_tunnels().inc();
+            m.parked_connections().add(connections as f64);
+        }
+    }
+
+    fn park_ended(&self, result: ResumeResult, connections: usize) {
+        if let Some(m) = &self.metrics {
+            m.parked_tunnels().dec();
+            m.parked_connections().add(-(connections as f64));
+            m.resumes(result).inc();
         }
     }
 

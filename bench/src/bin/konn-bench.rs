@@ -6,11 +6,11 @@
 //!                    [--engines io-uring[:SETUP],epoll] [--idle N] [--only S1,S3,…]
 //!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--min-s4 RATIO] [--no-pin]
 //!                    [--also NAME=DIR:ENGINE[:FLAG,FLAG…]]...
-//! konn-bench idle [--connections N] [--hold SECS] [--impl NAME=DIR]...
+//! konn-bench idle [--connections N] [--hold SECS] [--impl NAME=DIR[:FLAG,FLAG…]]...
 //! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 //! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
 //!                   [--profile DIR [--runs idle,dials,…]]
-//!                   [--kernel io-uring,epoll] [--guarded]
+//!                   [--kernel io-uring,epoll] [--guarded] [--flags FLAG,FLAG…]
 //! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
 //! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
 //! konn-bench soak [--minutes N] [--restart-every SECS] [--konn DIR] [--out DIR]
@@ -40,20 +40,24 @@
 //!   percent, default 4). `--kernel ENGINES` instead counts system calls,
 //!   context switches and io_uring completions per MB and per dial of
 //!   each engine, natively (`perf stat` software events). `--guarded`
-//!   counts with every issue-17 guard on (as `guards`). `--profile DIR`
-//!   runs each of `--runs` (default all) once with per-line detail and keeps
-//!   the callgrind files in DIR for `callgrind_annotate` (instructions by
+//!   counts with every issue-17 guard on (as `guards`). `--flags` passes
+//!   konn flags to both processes (e.g. `--resume-window=0`, to count a
+//!   feature off against its default). `--profile DIR` runs each of
+//!   `--runs` (default all) once with per-line detail and keeps the
+//!   callgrind files in DIR for `callgrind_annotate` (instructions by
 //!   function).
 //! - `idle` (S5 of the benchmark plan): opens N tunnelled connections the
 //!   way kube-apiserver does (one gRPC frontend connection per dial over the
 //!   Unix socket), sends one message on each, keeps them open and reports the
 //!   resident-memory growth per idle connection of the server and the agent.
 //!   `--impl NAME=DIR` runs the scenario for the binaries in DIR (both named
-//!   `proxy-server` and `proxy-agent`); the default is konn's binaries next
-//!   to this executable. `--hold SECS` keeps the connections open that much
-//!   longer after the memory reading, and prints `holding` on stderr first:
-//!   the moment to take a heap snapshot of the processes (docs/BENCHMARKS.md,
-//!   "Where an idle connection's memory goes").
+//!   `proxy-server` and `proxy-agent`), with flags for both after a `:`
+//!   (comma-separated: `--impl konn-noresume=DIR:--resume-window=0`); the
+//!   default is konn's binaries next to this executable. `--hold SECS`
+//!   keeps the connections open that much longer after the memory reading,
+//!   and prints `holding` on stderr first: the moment to take a heap
+//!   snapshot of the processes (docs/BENCHMARKS.md, "Where an idle
+//!   connection's memory goes").
 //! - `reverse` (S11): KEP-2025's node-to-control-plane direction against the
 //!   direct baseline and the forward direction on one konn topology
 //!   (`konn_bench::harness::reverse`); prints a markdown table. `--quick`
@@ -444,6 +448,7 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut guarded = false;
     let mut profile = None;
     let mut runs = icount::Run::ALL.to_vec();
+    let mut flags: Vec<String> = Vec::new();
     while let Some(a) = it.next() {
         let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
         match a.as_str() {
@@ -472,6 +477,12 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
                     })
                     .collect::<Result<_>>()?
             }
+            "--flags" => {
+                flags = val("a list of flags")?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect()
+            }
             other => bail!("unknown argument {other:?}"),
         }
     }
@@ -485,7 +496,9 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         // System calls, context switches, io_uring completions per unit,
         // natively, for each engine (`--kernel io-uring,epoll`).
         for e in &kernel {
-            let bins = konn_bins(&format!("konn-{e}"), &konn_dir, Some(e));
+            let mut bins = konn_bins(&format!("konn-{e}"), &konn_dir, Some(e));
+            bins.server_flags.extend(flags.iter().cloned());
+            bins.agent_flags.extend(flags.iter().cloned());
             let figures = block_on(
                 Engine::Epoll,
                 icount::measure_kernel(&bins, &work.0, &certs),
@@ -504,6 +517,8 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         "valgrind is not installed (apt-get install valgrind)"
     );
     let mut bins = konn_bins("konn", &konn_dir, Some("epoll"));
+    bins.server_flags.extend(flags.iter().cloned());
+    bins.agent_flags.extend(flags.iter().cloned());
     if guarded {
         // Issue 17's audit log, limits and allow-list all on.
         bins = konn_bench::harness::guards::guarded(&bins, &work.0);
@@ -820,7 +835,13 @@ fn idle_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             "--impl" => {
                 let v = it.next().context("--impl needs NAME=DIR")?;
                 let (name, dir) = v.split_once('=').context("--impl needs NAME=DIR")?;
-                impls.push(Binaries::in_dir(name, Path::new(dir)));
+                let (dir, flags) = dir.split_once(':').unwrap_or((dir, ""));
+                let mut b = Binaries::in_dir(name, Path::new(dir));
+                for f in flags.split(',').filter(|f| !f.is_empty()) {
+                    b.server_flags.push(f.to_owned());
+                    b.agent_flags.push(f.to_owned());
+                }
+                impls.push(b);
             }
             other => bail!("unknown argument {other:?}"),
         }

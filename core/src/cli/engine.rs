@@ -1,6 +1,7 @@
 //! konn's own flags, shared by `proxy-server` and `proxy-agent`: the io
 //! engine and workers, HTTP/2 and gRPC limits, per-connection queues, the
-//! memory budget and the write/stuck/preface/idle timeouts.
+//! memory budget, the write/stuck/preface/idle timeouts and the resume
+//! window.
 //!
 //! Upstream has none of these (grpc-go and the Go runtime decide them), so
 //! they live in their own `--help` section ([`Section::Konn`]) and have
@@ -43,6 +44,16 @@ pub const DEFAULT_PREFACE_TIMEOUT: Duration = Duration::from_secs(120);
 /// connection nobody uses without disturbing clients, which reconnect on
 /// GOAWAY.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// `--resume-window` default: 10 s. A tunnel cut by a load balancer, a
+/// NAT rebinding or a network blip of a few seconds is resumed: the agent
+/// retries at once (each attempt bounded to a second while it has parked
+/// tunnels), so a 3 s outage plus a TLS handshake and a token review fits
+/// with room to spare; a `kubectl exec` stalls at most this long before it
+/// fails as it would without resume (docs/design/resume.md).
+pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(10);
+/// Longest `--resume-window` accepted: parked connections hold their
+/// destination sockets and in-flight bytes for the whole window.
+pub const MAX_RESUME_WINDOW: Duration = Duration::from_secs(600);
 /// `--tls-reload-interval` default: how often certificate, key and CA
 /// files are checked for changes (docs/decisions/0004-certificate-reload.md).
 pub const DEFAULT_TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
@@ -105,6 +116,10 @@ pub struct EngineFlags {
     /// `--tls-reload-interval`: how often TLS files are checked for
     /// changes. `None`: never reloaded (flag value 0).
     pub tls_reload_interval: Option<Duration>,
+    /// `--resume-window`: how long both sides keep a broken tunnel's
+    /// connections parked for the agent to resume it (konn peers only,
+    /// docs/design/resume.md). `None`: resume off (flag value 0).
+    pub resume_window: Option<Duration>,
 }
 
 /// A konn flag value outside its range.
@@ -149,6 +164,7 @@ impl Default for EngineFlags {
             preface_timeout: Some(DEFAULT_PREFACE_TIMEOUT),
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             tls_reload_interval: Some(DEFAULT_TLS_RELOAD_INTERVAL),
+            resume_window: Some(DEFAULT_RESUME_WINDOW),
         }
     }
 }
@@ -245,6 +261,14 @@ impl EngineFlags {
              new connections (established ones keep theirs); files that fail the start-up checks \
              are logged and the previous ones kept. 0 disables reloading.",
         );
+        flags.add_duration(
+            "resume-window",
+            GoDuration::from_std(DEFAULT_RESUME_WINDOW),
+            "When the connection under an agent tunnel breaks, keep its proxied connections open \
+             this long for the agent to reconnect to the same proxy-server and resume them, \
+             losing no byte (konn agent and konn server only; both must enable it). At most 10m. \
+             0 disables: a broken tunnel closes its connections at once, as upstream.",
+        );
         flags.set_section(previous);
     }
 
@@ -308,6 +332,7 @@ impl EngineFlags {
             preface_timeout: timeout(flags, "preface-timeout")?,
             idle_timeout: timeout(flags, "idle-timeout")?,
             tls_reload_interval: timeout(flags, "tls-reload-interval")?,
+            resume_window: resume_window(flags)?,
         })
     }
 }
@@ -354,6 +379,20 @@ fn timeout(flags: &FlagSet, flag: &'static str) -> Result<Option<Duration>, Engi
     }
 }
 
+/// `--resume-window`: 0 turns resume off, negative and more than
+/// [`MAX_RESUME_WINDOW`] are refused.
+fn resume_window(flags: &FlagSet) -> Result<Option<Duration>, EngineError> {
+    let window = timeout(flags, "resume-window")?;
+    match window {
+        Some(w) if w > MAX_RESUME_WINDOW => Err(EngineError {
+            flag: "resume-window",
+            value: flags.get_duration("resume-window").to_string(),
+            allowed: "must be at most 10m0s (0 disables resume)".to_owned(),
+        }),
+        w => Ok(w),
+    }
+}
+
 fn to_usize(v: u64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
 }
@@ -391,6 +430,7 @@ mod tests {
         assert_eq!(e.preface_timeout, Some(Duration::from_secs(120)));
         assert_eq!(e.idle_timeout, Some(Duration::from_secs(300)));
         assert_eq!(e.tls_reload_interval, Some(Duration::from_secs(10)));
+        assert_eq!(e.resume_window, Some(Duration::from_secs(10)));
         assert_eq!(e, EngineFlags::default());
     }
 
@@ -410,6 +450,7 @@ mod tests {
             "--stuck-timeout=5m",
             "--preface-timeout=10s",
             "--idle-timeout=0",
+            "--resume-window=0",
         ])
         .unwrap();
         assert_eq!(e.io_engine, IoEngine::Epoll);
@@ -425,6 +466,9 @@ mod tests {
         assert_eq!(e.stuck_timeout, Some(Duration::from_secs(300)));
         assert_eq!(e.preface_timeout, Some(Duration::from_secs(10)));
         assert_eq!(e.idle_timeout, None);
+        assert_eq!(e.resume_window, None);
+        let e = parse(&["--resume-window=2m"]).unwrap();
+        assert_eq!(e.resume_window, Some(Duration::from_secs(120)));
     }
 
     #[test]
@@ -486,6 +530,14 @@ mod tests {
             (
                 "--stuck-timeout=-1ms",
                 "--stuck-timeout=-1ms is out of range: must not be negative (0 disables)",
+            ),
+            (
+                "--resume-window=-1s",
+                "--resume-window=-1s is out of range: must not be negative (0 disables)",
+            ),
+            (
+                "--resume-window=11m",
+                "--resume-window=11m0s is out of range: must be at most 10m0s (0 disables resume)",
             ),
         ];
         for &(arg, want) in cases {

@@ -280,6 +280,74 @@ impl ReverseFamilies {
     }
 }
 
+/// The resumable-tunnel families (`konn-resume`, docs/design/resume.md),
+/// with the same names on proxy-server and proxy-agent:
+/// `konn_resumes_total{result}` counts every parked tunnel's outcome
+/// once, `konn_resume_parked_tunnels` and
+/// `konn_resume_parked_connections` are what waits now. Updated per
+/// tunnel event, never per packet.
+#[derive(Debug, Clone, Copy)]
+pub struct ResumeFamilies {
+    resumes: CounterVec,
+    parked_tunnels: super::GaugeVec,
+    parked_connections: super::GaugeVec,
+}
+
+/// How a parked tunnel ended (`result` of `konn_resumes_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeResult {
+    /// The agent reconnected and presented its token: resumed.
+    Resumed = 0,
+    /// The window ended first: its connections closed.
+    Expired = 1,
+    /// The resume was refused (agent: the server answered without
+    /// `konn-resumed`, e.g. it restarted; server: a token for another
+    /// agent or identity) and its connections closed.
+    Refused = 2,
+    /// Closed before its window ended to make room (the server's table of
+    /// parked tunnels was full, or the process stops).
+    Evicted = 3,
+}
+
+const RESUME_RESULTS: [&str; 4] = ["resumed", "expired", "refused", "evicted"];
+
+impl ResumeFamilies {
+    /// Registers the families.
+    pub fn register(builder: &mut RegistryBuilder) -> Self {
+        Self {
+            resumes: builder.counter_vec(
+                "konn_resumes_total",
+                "Tunnels parked after their connection broke (konn-resume), by how their parking ended: resumed, expired (--resume-window passed), refused, evicted.",
+                &["result"],
+                &[&RESUME_RESULTS],
+            ),
+            parked_tunnels: builder.gauge(
+                "konn_resume_parked_tunnels",
+                "Broken tunnels waiting for the agent to resume them.",
+            ),
+            parked_connections: builder.gauge(
+                "konn_resume_parked_connections",
+                "Proxied connections of parked tunnels, kept open for a resume.",
+            ),
+        }
+    }
+
+    /// `konn_resumes_total{result}`.
+    pub fn resumes(&self, result: ResumeResult) -> CounterId {
+        self.resumes.series(&[result as usize])
+    }
+
+    /// `konn_resume_parked_tunnels`.
+    pub fn parked_tunnels(&self) -> super::GaugeId {
+        self.parked_tunnels.series(&[])
+    }
+
+    /// `konn_resume_parked_connections`.
+    pub fn parked_connections(&self) -> super::GaugeId {
+        self.parked_connections.series(&[])
+    }
+}
+
 /// Most agents the per-agent connection families keep series for; the
 /// others are counted under `agent_id="other"`.
 pub const AGENT_SERIES_LIMIT: usize = 10_000;

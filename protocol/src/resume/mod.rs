@@ -56,8 +56,13 @@ pub const RESUME_METADATA: &str = "konn-resume";
 /// The only version of the extension.
 pub const RESUME_VERSION: &str = "v1";
 /// The server's response header carrying the tunnel's token (hex), and the
-/// agent's request metadata presenting it on reconnect.
+/// agent's request metadata presenting it on reconnect (as
+/// `<hex>:<serverid>`, one value per parked tunnel; see
+/// [`ResumeToken::presented`]).
 pub const RESUME_TOKEN_METADATA: &str = "konn-resume-token";
+/// The server's response header (value `1`) saying the token presented
+/// resumed a parked tunnel: both sides then announce and replay.
+pub const RESUMED_METADATA: &str = "konn-resumed";
 
 /// How a connection's resume state acknowledges and bounds itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,12 +79,19 @@ pub struct ResumeLimits {
     /// the replay buffer at about one round trip of data, which the tunnel
     /// window already bounds).
     pub replay_limit: u64,
+    /// How long a live connection whose close we sent waits for the
+    /// peer's acknowledgement of it before it is forgotten (a peer
+    /// acknowledges a close at once; one that never does broke the
+    /// protocol, and forgetting is safe: should the peer announce it in a
+    /// later resume, it is closed as any unknown connection).
+    pub close_linger: Duration,
 }
 
 impl ResumeLimits {
     /// The limits for a per-connection queue size `queue`
     /// (`--conn-queue-size`): ACK every q/16 (64 KiB by default) or 10 ms,
-    /// hold and replay at most 4q (the flow-control limit).
+    /// hold and replay at most 4q (the flow-control limit), a close
+    /// unacknowledged for 30 s forgotten.
     pub fn from_queue_size(queue: usize) -> Self {
         let q = queue.max(16 << 10);
         Self {
@@ -87,6 +99,7 @@ impl ResumeLimits {
             ack_delay: Duration::from_millis(10),
             hold_limit: q.saturating_mul(4),
             replay_limit: q.saturating_mul(4) as u64,
+            close_linger: Duration::from_secs(30),
         }
     }
 }

@@ -30,6 +30,29 @@ impl ResumeToken {
         s
     }
 
+    /// The token's bytes (the server's driver reads back what it put in
+    /// them, e.g. the index of the core that issued it).
+    pub const fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// The agent's metadata value presenting this token to the server
+    /// `server_id`: `<hex>:<serverid>`, so a server picks its own tokens
+    /// out of those of every parked tunnel.
+    pub fn presented(&self, server_id: &str) -> String {
+        format!("{}:{server_id}", self.to_hex())
+    }
+
+    /// Reads a [`presented`](Self::presented) value: the token, if it is
+    /// addressed to `server_id`.
+    pub fn parse_presented(value: &[u8], server_id: &str) -> Option<Self> {
+        let (hex, rest) = value.split_at_checked(32)?;
+        match rest.split_first() {
+            Some((b':', id)) if id == server_id.as_bytes() => Self::parse(hex),
+            _ => None,
+        }
+    }
+
     /// Parses the hex form; `None` unless exactly 32 hex digits.
     pub fn parse(s: &[u8]) -> Option<Self> {
         if s.len() != 32 {
@@ -169,6 +192,17 @@ impl<K> ParkTable<K> {
             }
         }
         out
+    }
+
+    /// Removes the tunnel parked under `key` (closed before its window
+    /// ended, e.g. to free memory); whether it was there.
+    pub fn remove(&mut self, key: &K) -> bool
+    where
+        K: PartialEq,
+    {
+        let before = self.parked.len();
+        self.parked.retain(|p| p.key != *key);
+        self.parked.len() != before
     }
 
     /// Removes every parked tunnel (shutdown).

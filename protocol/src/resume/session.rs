@@ -50,6 +50,13 @@ pub struct ResumeSession {
     out: VecDeque<Packet>,
     /// The connections the peer announced during the handshake.
     announced: IdSet<i64>,
+    /// The latest time seen (input and timers carry it); closes are
+    /// stamped with it.
+    now: Option<Instant>,
+    /// Connections whose close we sent, in order, with when they are
+    /// forgotten if the peer has not acknowledged it (see
+    /// [`ResumeLimits::close_linger`]).
+    lingering: VecDeque<(i64, Instant)>,
 }
 
 impl ResumeSession {
@@ -62,6 +69,8 @@ impl ResumeSession {
             ack_owed: Vec::new(),
             out: VecDeque::new(),
             announced: IdSet::default(),
+            now: None,
+            lingering: VecDeque::new(),
         }
     }
 
@@ -124,9 +133,15 @@ impl ResumeSession {
     /// now; `false` while the connection is parked or syncing — the replay
     /// sends it ([`Replay::close`]).
     pub fn close_sent(&mut self, id: i64) -> Result<bool, Error> {
-        let conn = self.conn_mut(id)?;
+        let linger = self.limits.close_linger;
+        let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
         conn.send_close();
-        Ok(conn.phase() == Phase::Live)
+        let live = conn.phase() == Phase::Live;
+        if let Some(now) = self.now {
+            self.lingering
+                .push_back((id, now.checked_add(linger).unwrap_or(now)));
+        }
+        Ok(live)
     }
 
     /// A plain DATA payload for `id` arrived: `deliver` gets the new bytes
@@ -139,6 +154,7 @@ impl ResumeSession {
         deliver: &mut impl FnMut(Bytes),
     ) -> Result<(), Error> {
         let limits = self.limits;
+        self.now = Some(now);
         let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
         conn.data(now, data, &limits, deliver)?;
         self.ack_if_due(now, id);
@@ -151,6 +167,7 @@ impl ResumeSession {
     /// acknowledged) the connection is forgotten.
     pub fn close_received(&mut self, now: Instant, id: i64) -> Result<bool, Error> {
         let limits = self.limits;
+        self.now = Some(now);
         let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
         let before = conn.rx().closed();
         conn.close_received(now, &limits)?;
@@ -210,6 +227,8 @@ impl ResumeSession {
     /// Walks the timer list once (the timer path, not per packet).
     pub fn handle_timeout(&mut self, now: Instant) {
         let limits = self.limits;
+        self.now = Some(now);
+        self.expire_lingering(now);
         let mut i = 0;
         // Bounded: each round removes an entry or moves past one.
         while let Some(&id) = self.ack_owed.get(i) {
@@ -239,15 +258,53 @@ impl ResumeSession {
         }
     }
 
-    /// When an ACK is due by time, or the window ends.
+    /// Whether some connection owes an ACK by time (O(1): the driver asks
+    /// after input whether its timer must be woken).
+    pub fn ack_timer_pending(&self) -> bool {
+        !self.ack_owed.is_empty()
+    }
+
+    /// When an ACK is due by time, a close lingered long enough, or the
+    /// window ends.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if let SessionState::Parked { deadline } = self.state {
             return Some(deadline);
         }
+        let linger = match self.state {
+            SessionState::Live => self.lingering.front().map(|(_, at)| *at),
+            _ => None,
+        };
         self.ack_owed
             .iter()
             .filter_map(|id| self.conns.get(id)?.poll_timeout())
+            .chain(linger)
             .min()
+    }
+
+    /// Forgets live connections whose close the peer has not acknowledged
+    /// in [`ResumeLimits::close_linger`] (only while the tunnel is up: a
+    /// parked or syncing one waits for the resume). Returns how many.
+    fn expire_lingering(&mut self, now: Instant) -> usize {
+        if self.state != SessionState::Live {
+            return 0;
+        }
+        let mut forgotten = 0;
+        // Bounded: each round removes an entry.
+        while let Some(&(id, at)) = self.lingering.front() {
+            if at > now {
+                break;
+            }
+            self.lingering.pop_front();
+            let stale = self
+                .conns
+                .get(&id)
+                .is_some_and(|c| c.tx().fin_sent() && !c.done());
+            if stale {
+                self.conns.remove(&id);
+                forgotten += 1;
+            }
+        }
+        forgotten
     }
 
     /// Forgets a connection (closed without a resume to wait for, or fully
@@ -258,6 +315,7 @@ impl ResumeSession {
 
     /// The tunnel broke: park every connection until `now + window`.
     pub fn park(&mut self, now: Instant, window: Duration) {
+        self.now = Some(now);
         for conn in self.conns.values_mut() {
             conn.park();
             conn.timer_listed = false;
@@ -316,6 +374,7 @@ impl ResumeSession {
     pub fn abandon(&mut self) -> Vec<i64> {
         let ids: Vec<i64> = self.conns.keys().copied().collect();
         self.conns.clear();
+        self.lingering.clear();
         self.ack_owed.clear();
         self.out.clear();
         self.announced.clear();

@@ -15,6 +15,7 @@ fn limits() -> ResumeLimits {
         ack_delay: Duration::from_millis(10),
         hold_limit: 4096,
         replay_limit: 1000,
+        close_linger: Duration::from_secs(30),
     }
 }
 
@@ -188,6 +189,21 @@ fn tokens_round_trip_and_never_show() {
     assert_eq!(ResumeToken::parse(&[b'g'; 32]), None);
     assert_eq!(ResumeToken::parse(&[b'+'; 32]), None);
     assert_eq!(format!("{t:?}"), "ResumeToken(..)");
+    let v = t.presented("server-1");
+    assert_eq!(v, format!("{hex}:server-1"));
+    assert_eq!(
+        ResumeToken::parse_presented(v.as_bytes(), "server-1"),
+        Some(t)
+    );
+    assert_eq!(ResumeToken::parse_presented(v.as_bytes(), "server-2"), None);
+    assert_eq!(
+        ResumeToken::parse_presented(hex.as_bytes(), "server-1"),
+        None
+    );
+    assert_eq!(
+        ResumeToken::parse_presented(b"a5:server-1", "server-1"),
+        None
+    );
 }
 
 #[test]
@@ -721,6 +737,38 @@ fn a_parked_session_expires_and_abandons_everything() {
     assert_eq!(gone, vec![-1, 4]);
     assert!(s.is_empty());
     assert_eq!(s.held_bytes(), 0);
+}
+
+#[test]
+fn a_close_the_peer_never_acknowledges_is_forgotten_after_the_linger() {
+    let t0 = test_epoch();
+    let linger = limits().close_linger;
+    let mut s = ResumeSession::new(limits());
+    for id in [1, 2] {
+        s.open(id);
+        s.received(t0, id, Bytes::from_static(b"x"), &mut |_| {})
+            .unwrap();
+    }
+    // Closes are stamped with the latest time the session saw.
+    let t1 = t0 + Duration::from_millis(10);
+    s.handle_timeout(t1);
+    while s.poll_packet().is_some() {}
+    assert_eq!(s.close_sent(1), Ok(true));
+    assert_eq!(s.close_sent(2), Ok(true));
+    // The peer acknowledges 2's close (its byte and the close), never 1's.
+    assert_eq!(s.ack(2, 1), Ok(None));
+    assert!(s.contains(1) && !s.contains(2));
+    // Parked, nothing lingers out: the resume will tell.
+    s.park(t1, Duration::from_secs(600));
+    s.handle_timeout(t1 + linger);
+    assert!(s.contains(1));
+    s.resume();
+    assert_eq!(s.ack(1, 0).map(|r| r.map(|r| r.close)), Ok(Some(true)));
+    assert!(s.peer_resumed().is_empty());
+    assert_eq!(s.poll_timeout(), Some(t1 + linger));
+    s.handle_timeout(t1 + linger);
+    assert!(s.is_empty(), "the unacknowledged close is forgotten");
+    assert_eq!(s.poll_timeout(), None);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! One connection of a running proxy-server, from accept to its handler:
 //! an agent's (SNI admission, TLS, the Connect stream), a frontend's (gRPC
 //! or HTTP CONNECT, over a Unix socket or TCP+mTLS), and one that migrated
-//! here from another core.
+//! here from another core (a frontend following its agent, an agent
+//! resuming a tunnel parked here).
 
 use std::pin::Pin;
 
@@ -136,19 +137,97 @@ pub(super) async fn serve_agent(worker: Rc<Worker>, mut sock: TcpStream) {
         Connection::new(s.agent_h2(), konn_core::io::clock::now()),
         s.max_message,
     );
+    let input = (input, BytesMut::new());
+    Box::pin(run_agent(
+        worker,
+        cluster,
+        sock,
+        grpc,
+        tls,
+        input,
+        Vec::new(),
+    ))
+    .await;
+}
+
+/// Run an agent connection; `stashed` are the events of one that moved
+/// here (it moves at most once: to the worker that parked the tunnel its
+/// resume token names, see `crate::agents`).
+async fn run_agent(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    sock: TcpStream,
+    grpc: Grpc,
+    tls: Option<TlsLayer>,
+    input: (BytesMut, BytesMut),
+    stashed: Vec<konn_protocol::grpc::GrpcEvent>,
+) {
+    let s = &worker.settings;
     let outbox = Rc::new(Outbox::new());
     let handler = AgentConn::new(worker.clone(), cluster.clone(), outbox.clone());
-    let handle = if input.is_empty() {
-        ConnHandle::new(grpc, tls, handler, s.driver)
-    } else {
-        ConnHandle::resume(grpc, tls, (input, BytesMut::new()), handler, s.driver)
-    };
+    let handle = ConnHandle::resume(grpc, tls, input, handler, s.driver);
+    let plan = Rc::new(RefCell::new(None));
+    let may_move = stashed.is_empty() && worker.workers > 1;
+    let (weak, flag) = (handle.downgrade(), handle.detach_flag());
+    let _ = handle.with(|_, h| h.set_driver(weak, flag, plan.clone(), may_move));
     install_poke(&outbox, &handle);
     let id = register(&worker, &cluster, &handle);
-    if let Err(e) = handle.run(sock).await {
-        tracing::debug!(error = %e, "agent connection ended");
+    if !stashed.is_empty() {
+        let _ = handle.with(|g, h| {
+            for ev in stashed {
+                h.on_event(g, ev);
+            }
+        });
     }
+    let outcome = handle.run_detachable(sock).await;
     cluster.untrack(&worker, id);
+    match outcome {
+        Ok(Some(detached)) => {
+            let Some(plan) = plan.borrow_mut().take() else {
+                return;
+            };
+            match detach_tcp(detached.io) {
+                Ok(fd) => {
+                    let m = Migrant {
+                        cluster: cluster.id,
+                        fd: MovingFd::Tcp(fd),
+                        kind: MigrantKind::Agent {
+                            session: Box::new(detached.session),
+                            tls: detached.tls,
+                            input: detached.input,
+                            stashed: plan.stashed,
+                        },
+                    };
+                    if worker
+                        .out
+                        .send(plan.target, Msg::Adopt(Box::new(m)))
+                        .is_err()
+                    {
+                        tracing::debug!(
+                            worker = plan.target,
+                            "agent connection not handed to a stopped worker"
+                        );
+                    }
+                }
+                Err((io, e)) => {
+                    // Served here: its token finds nothing to resume here.
+                    tracing::debug!(error = %e, "agent connection cannot move; serving it here");
+                    let here = run_agent(
+                        worker.clone(),
+                        cluster.clone(),
+                        io,
+                        detached.session,
+                        detached.tls,
+                        detached.input,
+                        plan.stashed,
+                    );
+                    Box::pin(here).await;
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(e) => tracing::debug!(error = %e, "agent connection ended"),
+    }
 }
 
 /// The outbox of a connection flushes itself by poking its driver.
@@ -457,6 +536,24 @@ pub(super) fn adopt(worker: &Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, M
                     Err(e) => tracing::warn!(error = %e, "could not adopt a frontend"),
                 },
             }
+        }
+        (
+            MovingFd::Tcp(f),
+            MigrantKind::Agent {
+                session,
+                tls,
+                input,
+                stashed,
+            },
+        ) => match f.attach() {
+            // Boxed: the agent connection's state sizes its task.
+            Ok(sock) => worker.spawn(Box::pin(run_agent(
+                w, cluster, sock, *session, tls, input, stashed,
+            ))),
+            Err(e) => tracing::warn!(error = %e, "could not adopt an agent connection"),
+        },
+        (MovingFd::Unix(_), MigrantKind::Agent { .. }) => {
+            tracing::warn!("an agent connection cannot be a Unix socket");
         }
         (fd, MigrantKind::Connect { tls, plain, target }) => {
             let sock = match fd {

@@ -70,7 +70,8 @@ pub enum MovingFd {
     Unix(DetachedUnix),
 }
 
-/// A frontend connection moving to another worker.
+/// A connection moving to another worker: a frontend following its
+/// agent, or an agent resuming a tunnel parked there.
 pub struct Migrant {
     /// Its cluster (the same on every worker).
     pub cluster: ClusterId,
@@ -92,6 +93,18 @@ pub enum MigrantKind {
         input: (BytesMut, BytesMut),
         /// Streams and events to replay.
         plan: Plan,
+    },
+    /// An agent connection whose Connect call presents a resume token
+    /// issued by the receiving worker, stopped right after the call.
+    Agent {
+        /// The HTTP/2 + gRPC state.
+        session: Box<Grpc>,
+        /// TLS state.
+        tls: Option<TlsLayer>,
+        /// Unprocessed input.
+        input: (BytesMut, BytesMut),
+        /// Events to replay (the Connect call first).
+        stashed: Vec<konn_protocol::grpc::GrpcEvent>,
     },
     /// A CONNECT whose head was read.
     Connect {
@@ -596,27 +609,52 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 /// are seen at most this late.
 const TIMER_TICK: Duration = Duration::from_secs(1);
 
-/// The router's deadlines: pending dials that time out, and frontends
-/// that drained nothing for the stuck timeout. Ends when the worker stops.
+/// The router's deadlines: pending dials that time out, frontends that
+/// drained nothing for the stuck timeout (both checked at least every
+/// [`TIMER_TICK`]), and the resume timers (ACKs due by time, lingering
+/// closes, parked tunnels' windows), which wake it on their own: an agent
+/// packet that leaves an ACK owed pokes it ([`Worker::poke_timer`]), and
+/// between two full turns only the resume timers run (they cost
+/// O(tunnels owing one), the full turn O(frontends)). Ends when the
+/// worker stops.
 async fn router_timer(worker: Rc<Worker>) {
+    let mut full_at = konn_core::io::clock::now();
     while !worker.stopped.get() {
         let now = konn_core::io::clock::now();
+        let full = now >= full_at;
         let clusters: Vec<Rc<Cluster>> = worker.clusters.borrow().values().cloned().collect();
-        let mut next: Option<std::time::Instant> = None;
+        let mut flows: Option<std::time::Instant> = None;
+        let mut resume: Option<std::time::Instant> = None;
+        let min = |a: Option<std::time::Instant>, b: Option<std::time::Instant>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         for c in clusters {
-            c.router.borrow_mut().handle_timeout(now);
-            c.apply(&worker);
-            c.publish(&worker);
-            if let Some(t) = c.router.borrow().poll_timeout() {
-                next = Some(next.map_or(t, |n| n.min(t)));
+            crate::resume::expire(&worker, &c, now);
+            if full {
+                c.router.borrow_mut().handle_timeout(now);
+            } else {
+                c.router.borrow_mut().handle_resume_timeout(now);
             }
+            c.apply(&worker);
+            if full {
+                c.publish(&worker);
+            }
+            let r = c.router.borrow();
+            flows = min(flows, r.flows_poll_timeout());
+            resume = min(resume, r.resume_poll_timeout());
         }
-        crate::accounting::tick(&worker, now);
-        let wait = next.map_or(TIMER_TICK, |d| {
-            d.saturating_duration_since(now)
-                .clamp(Duration::from_millis(1), TIMER_TICK)
-        });
-        if let Either::Right(()) = race(monoio::time::sleep(wait), worker.stopping.wait()).await {
+        if full {
+            crate::accounting::tick(&worker, now);
+            full_at = flows.map_or(now + TIMER_TICK, |d| d.min(now + TIMER_TICK));
+        }
+        let wake = min(Some(full_at), resume).unwrap_or(full_at);
+        worker.timer_at.set(Some(wake));
+        let wait = wake
+            .saturating_duration_since(now)
+            .clamp(Duration::from_millis(1), TIMER_TICK);
+        let sleep = race(monoio::time::sleep(wait), worker.timer.notified());
+        if let Either::Right(()) = race(sleep, worker.stopping.wait()).await {
             return;
         }
     }

@@ -318,7 +318,9 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     /// Run `f` on the connection's TLS state: `None` for a plaintext
     /// connection (or, never in practice, while the driver itself is using
     /// it). For what the handshake established, such as the peer's
-    /// certificate: call it once application data has arrived.
+    /// certificates: call it once application data has arrived. May be
+    /// called from inside the connection's handler: events are dispatched
+    /// with the TLS state free.
     pub fn with_tls<R>(&self, f: impl FnOnce(Option<&TlsLayer>) -> R) -> R {
         let tls = self.0.tls.try_borrow();
         f(tls.as_ref().ok().and_then(|t| t.as_deref()))

@@ -28,6 +28,29 @@ impl Tunnel {
         self.resume.as_ref()
     }
 
+    /// Whether the tunnel is parked: broken, its endpoints waiting for a
+    /// resume until the window ends.
+    pub fn resume_parked(&self) -> bool {
+        self.resume
+            .as_ref()
+            .is_some_and(|s| matches!(s.state(), SessionState::Parked { .. }))
+    }
+
+    /// When the resume state alone needs
+    /// [`handle_resume_timeout`](Self::handle_resume_timeout): an ACK due
+    /// by time, or a parked tunnel's window (O(connections owing an ACK),
+    /// unlike [`Tunnel::poll_timeout`], which looks at every endpoint).
+    pub fn resume_poll_timeout(&self) -> Option<Instant> {
+        self.resume_timeout()
+    }
+
+    /// The resume state's timers at `now` alone: ACKs due by time, a
+    /// parked tunnel whose window ended (it closes as in
+    /// [`Tunnel::tunnel_gone`]).
+    pub fn handle_resume_timeout(&mut self, now: Instant) {
+        self.resume_handle_timeout(now);
+    }
+
     /// A DATA payload read from `connect_id`'s destination is about to be
     /// sent (the IO layer encodes DATA itself): keep it for replay.
     /// Returns whether to send it now; `false` while the tunnel is parked

@@ -238,13 +238,23 @@ impl Router {
 
     // ----- timers -----------------------------------------------------------
 
-    /// The earliest deadline: a pending dial's, or the moment a frontend
-    /// that drains nothing becomes stuck.
+    /// The earliest deadline: a pending dial's, the moment a frontend
+    /// that drains nothing becomes stuck, or a resume timer's.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        self.flows_poll_timeout()
+            .into_iter()
+            .chain(self.resume_timeout())
+            .min()
+    }
+
+    /// [`Router::poll_timeout`] without the resume timers (which
+    /// [`Router::resume_poll_timeout`] tells): pending dials and stuck
+    /// frontends.
+    pub fn flows_poll_timeout(&self) -> Option<Instant> {
         let lim = &self.cfg.flow;
         let dials = self.pending.values().map(|p| p.deadline);
         let flows = self.frontends.values().filter_map(|f| f.rx.deadline(lim));
-        dials.chain(flows).chain(self.resume_timeout()).min()
+        dials.chain(flows).min()
     }
 
     /// Expire pending dials due at `now`, and close frontends that are

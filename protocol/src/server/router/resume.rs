@@ -29,6 +29,9 @@ pub const RESUME_VIOLATION: &str = "konn: resume protocol violation; connection 
 pub(super) struct ResumeState {
     sessions: IdMap<BackendId, ResumeSession>,
     parked: IdMap<BackendId, Entry>,
+    /// A packet from an agent left an ACK owed by time (see
+    /// [`Router::take_resume_timer`]).
+    timer_armed: bool,
 }
 
 impl Router {
@@ -170,6 +173,8 @@ impl Router {
                         Some(a) => join(&a, &b),
                     });
                 });
+                let armed = s.ack_timer_pending();
+                self.resume.timer_armed |= armed;
                 self.flush_resume(id);
                 return match (res, got) {
                     (Err(_), _) => {
@@ -354,6 +359,27 @@ impl Router {
     pub(super) fn resume_forget(&mut self, id: BackendId) {
         self.resume.sessions.remove(&id);
         self.resume.parked.remove(&id);
+    }
+
+    /// Whether a packet from an agent left an ACK owed by time since the
+    /// last call (O(1); the IO layer then makes sure its timer wakes
+    /// within the ACK delay, [`ResumeLimits::ack_delay`]).
+    pub fn take_resume_timer(&mut self) -> bool {
+        std::mem::take(&mut self.resume.timer_armed)
+    }
+
+    /// The resume state's next deadline alone (ACKs due by time, lingering
+    /// closes, parked windows): what [`Router::handle_resume_timeout`]
+    /// handles. O(sessions), unlike [`Router::poll_timeout`].
+    pub fn resume_poll_timeout(&self) -> Option<Instant> {
+        self.resume_timeout()
+    }
+
+    /// The resume state's timers alone at `now` (see
+    /// [`Router::resume_poll_timeout`]); a parked backend whose window
+    /// ended goes as a lost tunnel does.
+    pub fn handle_resume_timeout(&mut self, now: Instant) {
+        self.resume_handle_timeout(now);
     }
 
     /// The earliest ACK or window deadline.
