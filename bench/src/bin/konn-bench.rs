@@ -82,7 +82,6 @@
 //!   ([`konn_bench::harness::soak`]). Prints a summary, writes `soak.svg`
 //!   and `soak.md` to `--out` when given, and exits with 1 when a workload
 //!   run failed or memory or descriptors grew over the run.
-
 //! - `guards` (issue 17): S1 and S4 with the audit log, every admission
 //!   limit (never reached), the overload manager, per-destination metrics
 //!   and the agent's allow-list all on (`konn-guarded`) against all off
