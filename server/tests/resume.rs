@@ -569,12 +569,16 @@ fn the_memory_budget_closes_parked_tunnels_first() {
         .server_metric("konn_resume_parked_tunnels")
         == 1.0));
     assert_eq!(rig.server_metric(ready), 1.0);
-    // A frontend that grants no window dials a flood twice (through B,
-    // the only agent left): its queues grow until the budget bites.
+    // A frontend that grants no window dials a flood six times (through
+    // B, the only agent left): its queues grow until the budget bites.
+    // Each stream queues up to its high-water mark (half of
+    // --conn-queue-size, 512 KiB by default) before the agent is paused,
+    // so two streams stay under the 2 MiB where a 4 MiB budget bites
+    // unless the pools happen to run short; six pass it for certain.
     let mut c = RawClient::connect_unix_silent(&rig.socket);
     c.handshake(&[(SettingId::INITIAL_WINDOW_SIZE, 0)]);
     let mut out = Vec::new();
-    for id in [1u32, 3] {
+    for id in (0..6u32).map(|i| 2 * i + 1) {
         let block = c.request_block(
             "POST",
             "/ProxyService/Proxy",
