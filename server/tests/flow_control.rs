@@ -488,7 +488,10 @@ fn b_without_the_extension_the_others_wait_for_the_stuck_close_and_lose_nothing(
 #[test]
 fn c_a_frontend_that_stops_reading_does_not_stop_the_other_flows() {
     const FLOOD: usize = 1 << 30;
-    let stuck_timeout = Duration::from_secs(3);
+    // Long enough for the four echo flows below (16 MiB through a debug
+    // build) while the whole suite loads the machine: the full suite once
+    // took over 3 s for them on epoll.
+    let stuck_timeout = Duration::from_secs(8);
     let echo_dest = Destination::echo().unwrap();
     let echo_addr = echo_dest.addr().to_string();
     for engine in available_engines() {
