@@ -310,30 +310,35 @@ fn agent_connection_limit_refuses_only_that_agents_dials() {
     }
 }
 
-#[test]
-fn destination_rate_limit_refuses_only_that_host() {
+/// A rate limit of one dial in two seconds (burst 1) on the class `limit`
+/// selects: a second dial to agent `a`'s destination is refused with
+/// `reason`, one to agent `b`'s destination goes through.
+fn rate_limit_refuses_only_the_second_dial_to_a(
+    limit: impl Fn(&mut LimitsConfig) -> &mut Limit,
+    reason: &str,
+) {
     let _serial = serial();
     for engine in available_engines() {
         for mode in MODES {
-            let cfg = LimitsConfig {
-                dest: Limit {
-                    rate: 0.5,
-                    burst: 1,
-                    ..Limit::default()
-                },
-                ..LimitsConfig::default()
+            let mut cfg = LimitsConfig::default();
+            *limit(&mut cfg) = Limit {
+                rate: 0.5,
+                burst: 1,
+                ..Limit::default()
             };
             with_limits(engine, mode, cfg, async |fx, a, b| {
                 let fe = &fx.main;
                 open_ok(mode, fe, &a).await.close().await;
-                assert_eq!(
-                    open(mode, fe, &a).await.err(),
-                    Some(refusal(mode, "limit_dest_rate"))
-                );
+                assert_eq!(open(mode, fe, &a).await.err(), Some(refusal(mode, reason)));
                 open_ok(mode, fe, &b).await.close().await;
             });
         }
     }
+}
+
+#[test]
+fn destination_rate_limit_refuses_only_that_host() {
+    rate_limit_refuses_only_the_second_dial_to_a(|c| &mut c.dest, "limit_dest_rate");
 }
 
 #[test]
@@ -369,28 +374,7 @@ fn cluster_connection_limit_counts_every_agent() {
 
 #[test]
 fn agent_rate_limit_refuses_only_that_agents_dials() {
-    let _serial = serial();
-    for engine in available_engines() {
-        for mode in MODES {
-            let cfg = LimitsConfig {
-                agent: Limit {
-                    rate: 0.5,
-                    burst: 1,
-                    ..Limit::default()
-                },
-                ..LimitsConfig::default()
-            };
-            with_limits(engine, mode, cfg, async |fx, a, b| {
-                let fe = &fx.main;
-                open_ok(mode, fe, &a).await.close().await;
-                assert_eq!(
-                    open(mode, fe, &a).await.err(),
-                    Some(refusal(mode, "limit_agent_rate"))
-                );
-                open_ok(mode, fe, &b).await.close().await;
-            });
-        }
-    }
+    rate_limit_refuses_only_the_second_dial_to_a(|c| &mut c.agent, "limit_agent_rate");
 }
 
 #[test]
