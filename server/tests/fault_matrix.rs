@@ -35,7 +35,7 @@ use konn_testkit::chaos::{ChaosProxy, Dir, Faults};
 use konn_testkit::files::TempDir;
 use konn_testkit::pki::PkiFiles;
 use konn_testkit::ports::free_port;
-use konn_testkit::procs::{Proc, binary, http_get, upstream_binary, wait_http_ok};
+use konn_testkit::procs::{Proc, binary, file_tail, http_get, upstream_binary, wait_http_ok};
 use konn_testkit::wait::wait_until;
 use konn_testkit::{Pattern, Sha256};
 
@@ -620,7 +620,8 @@ fn run_row(
                 scope.spawn(move || {
                     let dir = TempDir::new(&format!("fault-{id}-{}", imp.name()));
                     let pki = konn_testkit::pki::write(&dir.0).unwrap();
-                    (imp, row(imp, &dir, &pki))
+                    let r = row(imp, &dir, &pki).map_err(|e| format!("{e}{}", log_tails(&dir)));
+                    (imp, r)
                 })
             })
             .collect();
@@ -636,6 +637,25 @@ fn run_row(
     if let Err(e) = konn {
         panic!("row {id} ({title}), konn: {e}");
     }
+}
+
+/// The last lines of every process log in `dir`, for a failed row's
+/// message (the directory is removed when the row ends).
+fn log_tails(dir: &TempDir) -> String {
+    let Ok(entries) = std::fs::read_dir(&dir.0) else {
+        return String::new();
+    };
+    let mut logs: Vec<_> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    logs.sort();
+    let mut out = String::new();
+    for p in logs {
+        out += &format!("\n--- {}\n{}", p.display(), file_tail(&p, 20));
+    }
+    out
 }
 
 /// The server's descriptors come back to at most `baseline`.

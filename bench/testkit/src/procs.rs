@@ -129,9 +129,7 @@ impl Proc {
 
     /// The last `lines` lines of the log (for error messages).
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        file_tail(&self.log, lines)
     }
 
     /// Send SIGTERM.
@@ -331,6 +329,13 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
         .split_once("\r\n\r\n")
         .map_or_else(String::new, |(_, b)| b.to_owned());
     Ok((status, body))
+}
+
+/// The last `lines` lines of the file at `path` (empty when unreadable).
+pub fn file_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Poll `GET path` on `addr` until it answers 200 or `timeout` passes.
