@@ -1295,9 +1295,17 @@ async fn read_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut rd: TcpOwnedReadHalf)
         let Some(handle) = ctx.handle() else { return };
         // konn-resume keeps the payload (a refcount, no copy) for replay.
         let sent = handle.with(|g, t| {
-            t.tunnel
-                .data_sent(ep.connect_id, &framed.slice(hl..))
-                .then(|| g.send_framed(t.ctx.stream.get(), framed))
+            let sent = t
+                .tunnel
+                .data_sent(
+                    konn_core::io::clock::now(),
+                    ep.connect_id,
+                    &framed.slice(hl..),
+                )
+                .then(|| g.send_framed(t.ctx.stream.get(), framed));
+            // An ACK the connection owed rides with the DATA.
+            t.apply(g);
+            sent
         });
         if let Ok(Some(Ok(()))) = sent {
             ctx.observer.sent(PacketType::Data);

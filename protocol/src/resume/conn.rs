@@ -187,6 +187,15 @@ impl ConnResume {
         self.rx.poll_ack(now, limits)
     }
 
+    /// The cumulative ACK to send along with DATA of this connection going
+    /// the other way at `now` (the latest time seen), if one is half due
+    /// ([`Receiver::ack_ripe`]; live only): it rides in the same write as
+    /// the DATA, so request/response traffic acknowledges without a timer
+    /// or wake-up of its own.
+    pub fn piggyback_ack(&mut self, now: Option<Instant>, limits: &ResumeLimits) -> Option<u64> {
+        (self.phase == Phase::Live && self.rx.ack_ripe(now, limits)).then(|| self.rx.mark_acked())
+    }
+
     /// When [`poll_ack`](Self::poll_ack) is due by time.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.phase != Phase::Live {

@@ -15,8 +15,11 @@
 //! - [`Receiver`] — the receive half: delivers each byte exactly once and
 //!   in order whatever duplicates, overlaps or reordered segments a replay
 //!   brings (out-of-order segments wait in a bounded hold), and decides
-//!   when a cumulative ACK is due (every [`ResumeLimits::ack_bytes`], or
-//!   [`ResumeLimits::ack_delay`] after the first unacknowledged byte).
+//!   when a cumulative ACK is due (every [`ResumeLimits::ack_bytes`] or
+//!   [`ResumeLimits::ack_segments`], or [`ResumeLimits::ack_delay`] after
+//!   the first unacknowledged byte — unless DATA of the same connection
+//!   going the other way carries it once half due, see
+//!   [`ConnResume::piggyback_ack`]).
 //! - [`ConnResume`] — both halves of one connection and its phase
 //!   (`Live → Parked → Syncing → Live`), the unit the router and the
 //!   agent's tunnel keep per connectID.
@@ -69,7 +72,12 @@ pub const RESUMED_METADATA: &str = "konn-resumed";
 pub struct ResumeLimits {
     /// An ACK is due once this many bytes arrived unacknowledged.
     pub ack_bytes: u64,
-    /// An ACK is due this long after the first unacknowledged byte.
+    /// An ACK is due once this many segments (DATA payloads) arrived
+    /// unacknowledged: each one keeps its pooled buffer referenced in the
+    /// sender's replay buffer, so small messages must not pile up there.
+    pub ack_segments: u32,
+    /// An ACK is due this long after the first unacknowledged byte, unless
+    /// DATA of the same connection going the other way carried it first.
     pub ack_delay: Duration,
     /// Out-of-order bytes a receiver holds before it gives up on the
     /// connection (only a replay after a second cut produces any).
@@ -89,14 +97,18 @@ pub struct ResumeLimits {
 
 impl ResumeLimits {
     /// The limits for a per-connection queue size `queue`
-    /// (`--conn-queue-size`): ACK every q/16 (64 KiB by default) or 10 ms,
-    /// hold and replay at most 4q (the flow-control limit), a close
+    /// (`--conn-queue-size`): ACK every q/16 (64 KiB by default), every 32
+    /// segments or 100 ms (data going the other way carries it once half
+    /// due, so request/response traffic acknowledges every few exchanges
+    /// inside its DATA writes, with no timer or wake-up of its own), hold
+    /// and replay at most 4q (the flow-control limit), a close
     /// unacknowledged for 30 s forgotten.
     pub fn from_queue_size(queue: usize) -> Self {
         let q = queue.max(16 << 10);
         Self {
             ack_bytes: (q / 16) as u64,
-            ack_delay: Duration::from_millis(10),
+            ack_segments: 32,
+            ack_delay: Duration::from_millis(100),
             hold_limit: q.saturating_mul(4),
             replay_limit: q.saturating_mul(4) as u64,
             close_linger: Duration::from_secs(30),

@@ -25,6 +25,8 @@ pub struct Receiver {
     cursor: u64,
     /// The last cumulative acknowledgement sent.
     ack_sent: u64,
+    /// Segments delivered since then.
+    unacked_segments: u32,
     /// When the pending acknowledgement is due by time.
     ack_due: Option<Instant>,
     /// Early segments by offset (all above `received` when not delivering).
@@ -49,6 +51,7 @@ impl Receiver {
             received: 0,
             cursor: 0,
             ack_sent: 0,
+            unacked_segments: 0,
             ack_due: None,
             held: BTreeMap::new(),
             held_len: 0,
@@ -189,28 +192,52 @@ impl Receiver {
 
     /// Arms the acknowledgement after bytes arrived.
     fn note_received(&mut self, now: Instant, before: u64, limits: &ResumeLimits) {
-        if self.received > before && self.ack_due.is_none() {
-            self.ack_due = Some(now.checked_add(limits.ack_delay).unwrap_or(now));
+        if self.received > before {
+            self.unacked_segments = self.unacked_segments.saturating_add(1);
+            if self.ack_due.is_none() {
+                self.ack_due = Some(now.checked_add(limits.ack_delay).unwrap_or(now));
+            }
         }
     }
 
     /// The cumulative acknowledgement to send now, if one is due: once
-    /// [`ResumeLimits::ack_bytes`] arrived unacknowledged, or when the
-    /// delay since the first of them ran out. Returns the offset to
-    /// acknowledge and counts it as sent.
+    /// [`ResumeLimits::ack_bytes`] or [`ResumeLimits::ack_segments`]
+    /// arrived unacknowledged, or when the delay since the first of them
+    /// ran out. Returns the offset to acknowledge and counts it as sent.
     pub fn poll_ack(&mut self, now: Instant, limits: &ResumeLimits) -> Option<u64> {
         let pending = self.received.saturating_sub(self.ack_sent);
-        let due = pending >= limits.ack_bytes.max(1) || self.ack_due.is_some_and(|t| t <= now);
+        let due = pending >= limits.ack_bytes.max(1)
+            || self.unacked_segments >= limits.ack_segments.max(1)
+            || self.ack_due.is_some_and(|t| t <= now);
         if pending == 0 || !due {
             return None;
         }
         Some(self.mark_acked())
     }
 
+    /// Whether an acknowledgement is worth sending along with DATA going
+    /// the other way: something is unacknowledged and it is half due (by
+    /// bytes, segments or time). A reply right after each request thus
+    /// carries an ACK every few exchanges, not one per exchange — each is a
+    /// packet to encode and decode — and a quiet connection still gets its
+    /// ACK by [`poll_ack`](Self::poll_ack) in time.
+    pub fn ack_ripe(&self, now: Option<Instant>, limits: &ResumeLimits) -> bool {
+        let pending = self.received.saturating_sub(self.ack_sent);
+        let half_delay = limits.ack_delay / 2;
+        pending > 0
+            && (pending.saturating_mul(2) >= limits.ack_bytes.max(1)
+                || self.unacked_segments.saturating_mul(2) >= limits.ack_segments.max(1)
+                || self
+                    .ack_due
+                    .zip(now)
+                    .is_some_and(|(due, now)| now.checked_add(half_delay).is_none_or(|t| t >= due)))
+    }
+
     /// Counts everything received as acknowledged and returns the offset
     /// (the resume handshake announces it unconditionally).
     pub fn mark_acked(&mut self) -> u64 {
         self.ack_sent = self.received;
+        self.unacked_segments = 0;
         self.ack_due = None;
         self.received
     }

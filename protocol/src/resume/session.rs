@@ -120,11 +120,27 @@ impl ResumeSession {
 
     /// A DATA payload for `id` follows its last byte: kept for replay.
     /// Returns whether to send it now; `false` while the connection is
-    /// parked or syncing — the replay sends it.
-    pub fn sent(&mut self, id: i64, data: &Bytes) -> Result<bool, Error> {
+    /// parked or syncing — the replay sends it. When it is sent now and
+    /// the connection owes an ACK that is half due at `now` (or the latest
+    /// time seen, if not given), the ACK is queued to go with it
+    /// ([`poll_packet`](Self::poll_packet); [`ConnResume::piggyback_ack`]).
+    pub fn sent(&mut self, now: Option<Instant>, id: i64, data: &Bytes) -> Result<bool, Error> {
+        if let Some(now) = now {
+            self.now = Some(self.now.map_or(now, |t| t.max(now)));
+        }
+        let (now, limits) = (self.now, self.limits);
         let conn = self.conn_mut(id)?;
         conn.send(data);
-        Ok(conn.phase() == Phase::Live)
+        let live = conn.phase() == Phase::Live;
+        if let Some(offset) = conn.piggyback_ack(now, &limits) {
+            self.out.push_back(ack_packet(id, offset));
+        }
+        Ok(live)
+    }
+
+    /// Whether packets wait in [`poll_packet`](Self::poll_packet).
+    pub fn has_packets(&self) -> bool {
+        !self.out.is_empty()
     }
 
     /// Our close for `id` follows its last byte: the connection lingers

@@ -12,6 +12,7 @@ use crate::{Error, test_epoch};
 fn limits() -> ResumeLimits {
     ResumeLimits {
         ack_bytes: 100,
+        ack_segments: 1000,
         ack_delay: Duration::from_millis(10),
         hold_limit: 4096,
         replay_limit: 1000,
@@ -102,6 +103,101 @@ fn acks_are_due_by_size_or_by_time() {
         .unwrap();
     assert_eq!(rx.poll_ack(t0, &l), Some(140));
     assert_eq!(rx.poll_ack(t0 + Duration::from_secs(1), &l), None);
+}
+
+#[test]
+fn acks_are_due_by_segment_count() {
+    // Every segment keeps a pooled buffer referenced at the sender: many
+    // small ones are acknowledged before their bytes or the delay add up.
+    let t0 = test_epoch();
+    let l = ResumeLimits {
+        ack_segments: 3,
+        ..limits()
+    };
+    let mut rx = Receiver::new();
+    for i in 1..=3u64 {
+        assert_eq!(rx.poll_ack(t0, &l), None, "{i} segments");
+        rx.data(t0, Bytes::from_static(b"x"), &l, &mut |_| {})
+            .unwrap();
+    }
+    assert_eq!(rx.poll_ack(t0, &l), Some(3));
+    // A duplicate delivers nothing and counts nothing.
+    rx.segment(t0, 0, Bytes::from_static(b"xyz"), &l, &mut |_| {})
+        .unwrap();
+    rx.data(t0, Bytes::from_static(b"y"), &l, &mut |_| {})
+        .unwrap();
+    assert_eq!(rx.poll_ack(t0, &l), None);
+}
+
+#[test]
+fn data_going_back_carries_the_ack_once_half_due() {
+    let t0 = test_epoch();
+    let l = limits();
+    let half = l.ack_delay / 2;
+    let mut c = ConnResume::new();
+    assert_eq!(c.piggyback_ack(Some(t0), &l), None, "nothing received");
+    c.data(t0, Bytes::from_static(b"ping"), &l, &mut |_| {})
+        .unwrap();
+    assert_eq!(c.piggyback_ack(Some(t0), &l), None, "not half due");
+    assert_eq!(c.piggyback_ack(None, &l), None, "no time seen");
+    assert_eq!(c.piggyback_ack(Some(t0 + half), &l), Some(4));
+    assert_eq!(c.poll_timeout(), None, "nothing left for the timer");
+    assert_eq!(c.poll_ack(t0 + l.ack_delay, &l), None);
+    assert_eq!(
+        c.piggyback_ack(Some(t0 + l.ack_delay), &l),
+        None,
+        "sent once"
+    );
+    // Half the bytes ripen it at once.
+    let big = Bytes::from(vec![0u8; usize::try_from(l.ack_bytes / 2).unwrap()]);
+    c.data(t0, big, &l, &mut |_| {}).unwrap();
+    assert_eq!(c.piggyback_ack(Some(t0), &l), Some(4 + l.ack_bytes / 2));
+    // Not while parked: the resume handshake announces the offset.
+    c.data(t0, Bytes::from_static(b"!"), &l, &mut |_| {})
+        .unwrap();
+    c.park();
+    assert_eq!(c.piggyback_ack(Some(t0 + l.ack_delay), &l), None);
+}
+
+#[test]
+fn a_session_queues_the_piggybacked_ack_with_the_data() {
+    let t0 = test_epoch();
+    let l = limits();
+    let mut s = ResumeSession::new(l);
+    s.open(7);
+    s.received(t0, 7, Bytes::from_static(b"request"), &mut |_| {})
+        .unwrap();
+    assert!(!s.has_packets(), "due by time only");
+    assert!(s.ack_timer_pending());
+    assert_eq!(s.sent(Some(t0), 7, &Bytes::from_static(b"reply")), Ok(true));
+    assert!(!s.has_packets(), "a reply at once carries nothing");
+    // The next request comes half the delay later: its reply carries the
+    // ACK for both.
+    let half = t0 + l.ack_delay / 2;
+    s.received(half, 7, Bytes::from_static(b"again"), &mut |_| {})
+        .unwrap();
+    assert_eq!(
+        s.sent(Some(half), 7, &Bytes::from_static(b"reply")),
+        Ok(true)
+    );
+    assert_eq!(
+        s.poll_packet(),
+        Some(Packet::Ack {
+            connect_id: 7,
+            offset: 12
+        })
+    );
+    assert!(!s.has_packets());
+    // The timer finds nothing left to send.
+    s.handle_timeout(t0 + Duration::from_secs(1));
+    assert_eq!(s.poll_packet(), None);
+    assert!(!s.ack_timer_pending());
+    // Data with nothing owed queues nothing.
+    assert_eq!(
+        s.sent(Some(half), 7, &Bytes::from_static(b"more")),
+        Ok(true)
+    );
+    assert_eq!(s.poll_packet(), None);
 }
 
 #[test]
@@ -344,6 +440,9 @@ impl Model {
                     side.read = end;
                     side.conn.send(&data);
                     self.wire[1 - s].push_back(Msg::Data(data));
+                    if let Some(off) = side.conn.piggyback_ack(Some(self.now), &self.limits) {
+                        self.wire[1 - s].push_back(Msg::Ack(off));
+                    }
                 }
             }
             Op::Deliver(to, n) => {
@@ -597,7 +696,7 @@ impl End {
 
     fn send(&mut self, id: i64, data: &'static [u8]) {
         let b = Bytes::from_static(data);
-        self.s.sent(id, &b).unwrap();
+        self.s.sent(None, id, &b).unwrap();
         self.out.push_back(W::Data(id, b));
     }
 
@@ -724,10 +823,10 @@ fn a_parked_session_expires_and_abandons_everything() {
     let mut s = ResumeSession::new(limits());
     s.open(4);
     s.open(-1);
-    s.sent(4, &Bytes::from_static(b"x")).unwrap();
+    s.sent(Some(t0), 4, &Bytes::from_static(b"x")).unwrap();
     s.park(t0, Duration::from_secs(1));
     assert_eq!(
-        s.sent(4, &Bytes::from_static(b"y")),
+        s.sent(Some(t0), 4, &Bytes::from_static(b"y")),
         Ok(false),
         "kept for the replay"
     );

@@ -221,7 +221,7 @@ impl Sim {
                 }
                 // konn-resume keeps it for replay (sent with the replay
                 // while parked).
-                if !self.tunnel.data_sent(connect_id, &chunk) {
+                if !self.tunnel.data_sent(self.now, connect_id, &chunk) {
                     continue;
                 }
                 let p = Packet::Data {

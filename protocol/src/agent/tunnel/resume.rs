@@ -55,10 +55,17 @@ impl Tunnel {
     /// sent (the IO layer encodes DATA itself): keep it for replay.
     /// Returns whether to send it now; `false` while the tunnel is parked
     /// or syncing — the replay sends it (a read that raced the break loses
-    /// nothing).
-    pub fn data_sent(&mut self, connect_id: i64, payload: &Bytes) -> bool {
+    /// nothing). An ACK this connection owes, half due at `now`, goes with
+    /// it: it is among the actions after this call ([`Tunnel::poll_action`]).
+    pub fn data_sent(&mut self, now: Instant, connect_id: i64, payload: &Bytes) -> bool {
         match self.resume.as_mut() {
-            Some(s) if s.contains(connect_id) => s.sent(connect_id, payload).unwrap_or(true),
+            Some(s) if s.contains(connect_id) => {
+                let now = s.sent(Some(now), connect_id, payload).unwrap_or(true);
+                if s.has_packets() {
+                    self.flush_resume();
+                }
+                now
+            }
             _ => true,
         }
     }
@@ -347,10 +354,45 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_carries_the_ack_its_connection_owes_once_half_due() {
+        let mut t = tunnel();
+        t.server_packet(t0(), data(1, b"abc"), 8);
+        let _ = actions(&mut t);
+        assert!(t.data_sent(t0(), 1, &Bytes::from_static(b"reply")));
+        assert!(
+            !actions(&mut t)
+                .iter()
+                .any(|a| matches!(a, Action::ToServer(Packet::Ack { .. }))),
+            "not yet half due"
+        );
+        let half = t0() + limits().ack_delay / 2;
+        t.server_packet(half, data(1, b"de"), 8);
+        let _ = actions(&mut t);
+        assert!(t.data_sent(half, 1, &Bytes::from_static(b"reply")));
+        assert_eq!(
+            actions(&mut t),
+            vec![Action::ToServer(Packet::Ack {
+                connect_id: 1,
+                offset: 5
+            })]
+        );
+        // Nothing is left for the timer, and a second reply carries none.
+        if let Some(due) = t.resume_poll_timeout() {
+            t.handle_resume_timeout(due);
+        }
+        assert!(t.data_sent(t0(), 1, &Bytes::from_static(b"more")));
+        assert!(
+            !actions(&mut t)
+                .iter()
+                .any(|a| matches!(a, Action::ToServer(Packet::Ack { .. })))
+        );
+    }
+
+    #[test]
     fn a_broken_tunnel_parks_then_announces_and_replays() {
         let mut t = tunnel();
         t.server_packet(t0(), data(1, b"abc"), 8);
-        assert!(t.data_sent(1, &Bytes::from_static(b"xyz")));
+        assert!(t.data_sent(t0(), 1, &Bytes::from_static(b"xyz")));
         actions(&mut t);
         let window = Duration::from_secs(3);
         assert!(t.tunnel_broken(t0(), window));
@@ -364,7 +406,7 @@ mod tests {
         assert!(t.is_open(1));
         assert_eq!(t.poll_timeout(), Some(t0() + window));
         // A read that raced the break: recorded, sent with the replay.
-        assert!(!t.data_sent(1, &Bytes::from_static(b"no")));
+        assert!(!t.data_sent(t0(), 1, &Bytes::from_static(b"no")));
         t.tunnel_resumed();
         assert_eq!(
             actions(&mut t),
@@ -396,14 +438,14 @@ mod tests {
         );
         t.server_packet(t0(), Packet::Resumed, 0);
         assert!(t.is_open(1));
-        assert!(t.data_sent(1, &Bytes::from_static(b"more")));
+        assert!(t.data_sent(t0(), 1, &Bytes::from_static(b"more")));
         t.check_invariants().unwrap();
     }
 
     #[test]
     fn a_close_while_parked_is_sent_with_the_replay() {
         let mut t = tunnel();
-        assert!(t.data_sent(1, &Bytes::from_static(b"tail")));
+        assert!(t.data_sent(t0(), 1, &Bytes::from_static(b"tail")));
         assert!(t.tunnel_broken(t0(), Duration::from_secs(3)));
         actions(&mut t);
         t.endpoint_closed(1);

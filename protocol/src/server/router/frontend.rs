@@ -34,6 +34,7 @@ impl Router {
         framed: Bytes,
         random: u64,
     ) {
+        self.resume_clock(now);
         let Some(f) = self.frontends.get(&id) else {
             return;
         };

@@ -2,6 +2,7 @@
 //! tunnel core's relay tables and the frontend core's addressing of proxies.
 
 use super::*;
+use resume::Out;
 
 impl Router {
     /// A packet from a frontend of core `from` for this core's tunnel
@@ -88,8 +89,17 @@ impl Router {
                 core,
                 relay: Relay::ToBackend { backend, payload },
             },
-            None if !self.resume_out(backend, &payload) => return, // with the replay
-            None => Action::ToBackend { backend, payload },
+            None => match self.resume_out(backend, &payload) {
+                Out::Later => return, // with the replay
+                Out::Now => Action::ToBackend { backend, payload },
+                Out::WithAck => {
+                    // The ACK the connection owed rides with the DATA.
+                    self.actions
+                        .push_back(Action::ToBackend { backend, payload });
+                    self.flush_resume(backend);
+                    return;
+                }
+            },
         };
         self.actions.push_back(action);
     }

@@ -23,6 +23,24 @@ use crate::resume::{Replay, ResumeLimits, ResumeSession, SessionState};
 /// protocol for its connection.
 pub const RESUME_VIOLATION: &str = "konn: resume protocol violation; connection closed";
 
+/// What [`Router::resume_out`] says about a packet to a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Out {
+    /// Send it now.
+    Now,
+    /// Send it now, then the session's ACK that goes with it
+    /// ([`Router::flush_resume`]).
+    WithAck,
+    /// Not now: the replay sends it.
+    Later,
+}
+
+impl Out {
+    fn when(now: bool) -> Self {
+        if now { Self::Now } else { Self::Later }
+    }
+}
+
 /// The router's resume state: sessions of local backends, and the
 /// directory entries of parked ones.
 #[derive(Debug, Default)]
@@ -32,6 +50,9 @@ pub(super) struct ResumeState {
     /// A packet from an agent left an ACK owed by time (see
     /// [`Router::take_resume_timer`]).
     timer_armed: bool,
+    /// The latest time a packet came in with: whether an owed ACK is half
+    /// due when DATA leaves ([`Router::resume_out`] has no time of its own).
+    now: Option<Instant>,
 }
 
 impl Router {
@@ -151,6 +172,7 @@ impl Router {
         packet: Packet,
         framed: Bytes,
     ) -> Option<(Packet, Bytes)> {
+        self.resume.now = Some(now);
         let Some(s) = self.resume.sessions.get_mut(&id) else {
             return Some((packet, framed));
         };
@@ -236,15 +258,22 @@ impl Router {
         Some((packet, framed))
     }
 
+    /// A frontend's packet came in at `now` (see [`ResumeState::now`]).
+    pub(super) fn resume_clock(&mut self, now: Instant) {
+        self.resume.now = Some(now);
+    }
+
     /// A packet about to be sent to local backend `id`: whether to send it
     /// now. DATA and closes are recorded for replay; while the tunnel is
     /// parked or syncing they wait for the replay instead of being sent.
-    pub(super) fn resume_out(&mut self, id: BackendId, payload: &Payload) -> bool {
+    /// DATA sent now may carry an ACK its connection owed
+    /// ([`Out::WithAck`]).
+    pub(super) fn resume_out(&mut self, id: BackendId, payload: &Payload) -> Out {
         if self.resume.sessions.is_empty() {
-            return true;
+            return Out::Now;
         }
         let Some(s) = self.resume.sessions.get_mut(&id) else {
-            return true;
+            return Out::Now;
         };
         let live = s.state() == SessionState::Live;
         let decoded;
@@ -254,10 +283,10 @@ impl Router {
                 decoded = Packet::decode(&framed.slice(5..));
                 match &decoded {
                     Ok(p) => p,
-                    Err(_) => return live,
+                    Err(_) => return Out::when(live),
                 }
             }
-            Payload::Forward(_) => return live,
+            Payload::Forward(_) => return Out::when(live),
         };
         match packet {
             Packet::Data {
@@ -265,14 +294,19 @@ impl Router {
             } if s.contains(*connect_id) => {
                 // Recorded in any phase: a parked or syncing connection's
                 // data goes out with its replay.
-                s.sent(*connect_id, data).unwrap_or(live)
+                let send = s.sent(self.resume.now, *connect_id, data).unwrap_or(live);
+                if send && s.has_packets() {
+                    Out::WithAck
+                } else {
+                    Out::when(send)
+                }
             }
             Packet::CloseReq { connect_id } | Packet::CloseRsp { connect_id, .. }
                 if s.contains(*connect_id) =>
             {
-                s.close_sent(*connect_id).unwrap_or(live)
+                Out::when(s.close_sent(*connect_id).unwrap_or(live))
             }
-            _ => live,
+            _ => Out::when(live),
         }
     }
 
@@ -342,7 +376,7 @@ impl Router {
     }
 
     /// Sends backend `id`'s session packets (handshake, ACKs due).
-    fn flush_resume(&mut self, id: BackendId) {
+    pub(super) fn flush_resume(&mut self, id: BackendId) {
         let Some(s) = self.resume.sessions.get_mut(&id) else {
             return;
         };
@@ -556,6 +590,31 @@ mod tests {
         from_backend(&mut r, t0(), ack(7, 2));
         assert!(actions(&mut r).is_empty(), "an ACK is consumed");
         assert_eq!(r.resume_session(1).unwrap().held_bytes(), 0);
+    }
+
+    #[test]
+    fn the_next_request_carries_the_ack_for_the_reply() {
+        let mut r = established();
+        from_frontend(&mut r, 10, data(7, b"ls"));
+        from_backend(&mut r, t0(), data(7, b"out"));
+        actions(&mut r);
+        // A request right after the reply carries nothing; one half the
+        // delay later goes out with the ACK right behind it (in the same
+        // write), and the timer has nothing left to do.
+        from_frontend(&mut r, 10, data(7, b"cd"));
+        assert_eq!(to_backend(&actions(&mut r)), vec![data(7, b"cd")]);
+        let half = t0() + ResumeLimits::default().ack_delay / 2;
+        let p = data(7, b"pwd");
+        let f = framed(&p);
+        r.frontend_packet(half, 10, p, f, 0);
+        assert_eq!(
+            to_backend(&actions(&mut r)),
+            vec![data(7, b"pwd"), ack(7, 3)]
+        );
+        if let Some(due) = r.resume_poll_timeout() {
+            r.handle_resume_timeout(due);
+        }
+        assert_eq!(to_backend(&actions(&mut r)), vec![]);
     }
 
     #[test]
