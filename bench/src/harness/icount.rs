@@ -223,9 +223,10 @@ struct PerfStat {
 }
 
 /// Software events counted by [`measure_kernel`].
-const EVENTS: [&str; 4] = [
+const EVENTS: [&str; 5] = [
     "raw_syscalls:sys_enter",
     "context-switches",
+    "page-faults",
     "io_uring:io_uring_complete",
     "task-clock",
 ];
