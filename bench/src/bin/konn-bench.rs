@@ -471,7 +471,9 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
                             .into_iter()
                             .find(|x| x.name() == r)
                             .with_context(|| {
-                                format!("unknown run {r:?} (idle, download, upload, dials)")
+                                format!(
+                                    "unknown run {r:?} (idle, download, upload, dials, messages)"
+                                )
                             })
                     })
                     .collect::<Result<_>>()?

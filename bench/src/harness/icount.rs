@@ -14,9 +14,10 @@
 //! | `download` | one tunnel, [`DOWNLOAD_MB`] MB destination → frontend (S1) |
 //! | `upload` | one tunnel, [`UPLOAD_MB`] MB frontend → destination (S2) |
 //! | `dials` | [`DIALS`] sequential kube-apiserver-style dials, 1 KiB echo each (S4) |
+//! | `messages` | [`MESSAGES`] 64 B round trips on one connection (S3's closed loop) |
 //!
-//! each [`REPEAT`] times, and reports the median instructions per MB and
-//! per dial for each process (workload run minus the `idle` run). The load generator runs natively;
+//! each [`REPEAT`] times, and reports the median instructions per MB, per
+//! dial and per message for each process (workload run minus the `idle` run). The load generator runs natively;
 //! only the two proxies are counted. With `--check FILE` the figures are
 //! compared with a committed baseline and the run fails when any of them
 //! grew by more than the baseline's `tolerance` (a few percent);
@@ -25,7 +26,7 @@
 //! [`measure_kernel`] runs the same workloads natively, with `perf stat`
 //! attached to each process for the workload only, and reports what the
 //! instruction count cannot see: system calls, context switches and
-//! io_uring completions per MB and per dial (software tracepoints, which
+//! io_uring completions per MB, per dial and per message (software tracepoints, which
 //! a VM without hardware counters still has), plus CPU time (noisy on a
 //! shared machine). That is how the io engines are compared on work done
 //! rather than on wall-clock time alone.
@@ -49,6 +50,10 @@ pub const DOWNLOAD_MB: u64 = 16;
 pub const UPLOAD_MB: u64 = 16;
 /// Dials of the dial run.
 pub const DIALS: u64 = 600;
+/// Round trips of the message run.
+pub const MESSAGES: u64 = 2000;
+/// Size of one message of the message run (S3's small message).
+const MESSAGE: usize = 64;
 
 /// Upload write size (as S2).
 const CHUNK: usize = 64 * 1024;
@@ -67,11 +72,20 @@ pub enum Run {
     Upload,
     /// [`DIALS`] sequential dials with a 1 KiB echo.
     Dials,
+    /// [`MESSAGES`] round trips of a 64 B message on one connection
+    /// (S3's closed loop: the per-message cost of small exchanges).
+    Messages,
 }
 
 impl Run {
     /// Every run, `Idle` first (the others are measured against it).
-    pub const ALL: [Self; 4] = [Self::Idle, Self::Download, Self::Upload, Self::Dials];
+    pub const ALL: [Self; 5] = [
+        Self::Idle,
+        Self::Download,
+        Self::Upload,
+        Self::Dials,
+        Self::Messages,
+    ];
 
     /// Name in reports and baselines.
     pub const fn name(self) -> &'static str {
@@ -80,6 +94,7 @@ impl Run {
             Self::Download => "download",
             Self::Upload => "upload",
             Self::Dials => "dials",
+            Self::Messages => "messages",
         }
     }
 
@@ -90,6 +105,7 @@ impl Run {
             Self::Download => (DOWNLOAD_MB, "MB"),
             Self::Upload => (UPLOAD_MB, "MB"),
             Self::Dials => (DIALS, "dial"),
+            Self::Messages => (MESSAGES, "msg"),
         }
     }
 }
@@ -183,6 +199,16 @@ async fn workload(route: &super::load::Route, dests: &Dests, run: Run) -> Result
                 c.read_n(msg.len(), DIAL_TIMEOUT).await?;
                 c.close(DIAL_TIMEOUT).await;
             }
+            Ok(())
+        }
+        Run::Messages => {
+            let msg = Bytes::from(vec![0x42; MESSAGE]);
+            let mut c = Conn::open(route, dests.echo_for(0), DIAL_TIMEOUT).await?;
+            for _ in 0..MESSAGES {
+                c.write(msg.clone()).await?;
+                c.read_n(msg.len(), DIAL_TIMEOUT).await?;
+            }
+            c.close(DIAL_TIMEOUT).await;
             Ok(())
         }
     }

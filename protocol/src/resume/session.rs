@@ -173,7 +173,17 @@ impl ResumeSession {
         self.now = Some(now);
         let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
         conn.data(now, data, &limits, deliver)?;
-        self.ack_if_due(now, id);
+        // The ACK, as in `ack_if_due`, without a second lookup (per packet).
+        if let Some(offset) = conn.poll_ack(now, &limits) {
+            let finished = conn.finished();
+            self.out.push_back(ack_packet(id, offset));
+            if finished {
+                self.conns.remove(&id);
+            }
+        } else if conn.rx().ack_pending() && !conn.timer_listed {
+            conn.timer_listed = true;
+            self.ack_owed.push(id);
+        }
         Ok(())
     }
 

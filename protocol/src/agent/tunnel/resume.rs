@@ -58,16 +58,15 @@ impl Tunnel {
     /// nothing). An ACK this connection owes, half due at `now`, goes with
     /// it: it is among the actions after this call ([`Tunnel::poll_action`]).
     pub fn data_sent(&mut self, now: Instant, connect_id: i64, payload: &Bytes) -> bool {
-        match self.resume.as_mut() {
-            Some(s) if s.contains(connect_id) => {
-                let now = s.sent(Some(now), connect_id, payload).unwrap_or(true);
-                if s.has_packets() {
-                    self.flush_resume();
-                }
-                now
-            }
-            _ => true,
+        let Some(s) = self.resume.as_mut() else {
+            return true;
+        };
+        // An untracked connection (no resume state) is sent as is.
+        let send = s.sent(Some(now), connect_id, payload).unwrap_or(true);
+        if s.has_packets() {
+            self.flush_resume();
         }
+        send
     }
 
     /// The tunnel's stream or connection broke at `now`. With resume

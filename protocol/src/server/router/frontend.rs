@@ -81,7 +81,7 @@ impl Router {
                 match f.established.iter().find(|(_, c)| *c == connect_id) {
                     Some(&(b, _)) => {
                         f.account.up += data.len() as u64;
-                        self.send_backend(b, Payload::Forward(framed))
+                        self.send_backend_data(b, framed, connect_id, &data)
                     }
                     None => self.send_close_rsp(id, connect_id, "unrecognized connectID"),
                 }
@@ -149,11 +149,13 @@ impl Router {
         let Some(f) = self.frontends.get_mut(&id) else {
             return false;
         };
-        let Some(&(backend, _)) = f.established.first() else {
+        let Some(&(backend, connect_id)) = f.established.first() else {
             return false;
         };
         f.account.up += len as u64;
-        self.send_backend(backend, Payload::Forward(framed));
+        // The IO layer's framing puts the payload last.
+        let data = framed.slice(framed.len().saturating_sub(len)..);
+        self.send_backend_data(backend, framed, connect_id, &data);
         true
     }
 

@@ -84,12 +84,34 @@ impl Router {
     /// Send a packet to a backend: its tunnel here, or through the mesh to
     /// the core of a proxy's tunnel.
     pub(super) fn send_backend(&mut self, backend: BackendId, payload: Payload) {
+        self.send_backend_as(backend, payload, None);
+    }
+
+    /// [`send_backend`](Self::send_backend) for framed DATA of `connect_id`
+    /// whose payload the caller holds decoded (`data`, a slice of
+    /// `framed`): konn-resume records it without decoding `framed` again.
+    pub(super) fn send_backend_data(
+        &mut self,
+        backend: BackendId,
+        framed: Bytes,
+        connect_id: i64,
+        data: &Bytes,
+    ) {
+        self.send_backend_as(backend, Payload::Forward(framed), Some((connect_id, data)));
+    }
+
+    fn send_backend_as(
+        &mut self,
+        backend: BackendId,
+        payload: Payload,
+        data: Option<(i64, &Bytes)>,
+    ) {
         let action = match self.remote_core(backend) {
             Some(core) => Action::Relay {
                 core,
                 relay: Relay::ToBackend { backend, payload },
             },
-            None => match self.resume_out(backend, &payload) {
+            None => match self.resume_out(backend, &payload, data) {
                 Out::Later => return, // with the replay
                 Out::Now => Action::ToBackend { backend, payload },
                 Out::WithAck => {

@@ -41,6 +41,25 @@ impl Out {
     }
 }
 
+/// DATA of `connect_id` leaving on session `s`'s tunnel: recorded for
+/// replay in any phase (a parked or syncing connection's data goes out
+/// with its replay), with the ACK the connection owes if it is half due.
+fn data_out(
+    s: &mut ResumeSession,
+    now: Option<Instant>,
+    connect_id: i64,
+    data: &Bytes,
+    live: bool,
+) -> Out {
+    // An untracked connection (no resume state) is sent as is.
+    let send = s.sent(now, connect_id, data).unwrap_or(live);
+    if send && s.has_packets() {
+        Out::WithAck
+    } else {
+        Out::when(send)
+    }
+}
+
 /// The router's resume state: sessions of local backends, and the
 /// directory entries of parked ones.
 #[derive(Debug, Default)]
@@ -267,15 +286,26 @@ impl Router {
     /// now. DATA and closes are recorded for replay; while the tunnel is
     /// parked or syncing they wait for the replay instead of being sent.
     /// DATA sent now may carry an ACK its connection owed
-    /// ([`Out::WithAck`]).
-    pub(super) fn resume_out(&mut self, id: BackendId, payload: &Payload) -> Out {
+    /// ([`Out::WithAck`]). `data`: the DATA's connection and payload when
+    /// the caller has them decoded already (the frontends' DATA, every
+    /// packet of a flow), so `payload` need not be decoded again.
+    pub(super) fn resume_out(
+        &mut self,
+        id: BackendId,
+        payload: &Payload,
+        data: Option<(i64, &Bytes)>,
+    ) -> Out {
         if self.resume.sessions.is_empty() {
             return Out::Now;
         }
+        let now = self.resume.now;
         let Some(s) = self.resume.sessions.get_mut(&id) else {
             return Out::Now;
         };
         let live = s.state() == SessionState::Live;
+        if let Some((connect_id, data)) = data {
+            return data_out(s, now, connect_id, data, live);
+        }
         let decoded;
         let packet = match payload {
             Payload::Packet(p) => p,
@@ -291,16 +321,7 @@ impl Router {
         match packet {
             Packet::Data {
                 connect_id, data, ..
-            } if s.contains(*connect_id) => {
-                // Recorded in any phase: a parked or syncing connection's
-                // data goes out with its replay.
-                let send = s.sent(self.resume.now, *connect_id, data).unwrap_or(live);
-                if send && s.has_packets() {
-                    Out::WithAck
-                } else {
-                    Out::when(send)
-                }
-            }
+            } => data_out(s, now, *connect_id, data, live),
             Packet::CloseReq { connect_id } | Packet::CloseRsp { connect_id, .. }
                 if s.contains(*connect_id) =>
             {
@@ -615,6 +636,29 @@ mod tests {
             r.handle_resume_timeout(due);
         }
         assert_eq!(to_backend(&actions(&mut r)), vec![]);
+    }
+
+    #[test]
+    fn connect_frontends_data_is_recorded_for_replay() {
+        let mut r = established();
+        r.frontend_opened(20, FrontendKind::HttpConnect);
+        r.connect_request(t0(), 20, "10.0.0.6:22", 77, 0);
+        from_backend(
+            &mut r,
+            t0(),
+            Packet::DialRsp {
+                error: ByteStr::new(),
+                connect_id: 9,
+                random: 77,
+            },
+        );
+        actions(&mut r);
+        assert!(r.connect_data(20, framed(&data(9, b"SSH-2.0")), 7));
+        assert_eq!(to_backend(&actions(&mut r)), vec![data(9, b"SSH-2.0")]);
+        let s = r.resume_session(1).unwrap();
+        assert_eq!(s.conn(9).unwrap().tx().unacked(), 7);
+        let replay: Vec<&Bytes> = s.conn(9).unwrap().replay().map(|(_, b)| b).collect();
+        assert_eq!(replay, vec![&Bytes::from_static(b"SSH-2.0")]);
     }
 
     #[test]
