@@ -173,16 +173,8 @@ impl ResumeSession {
         self.now = Some(now);
         let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
         conn.data(now, data, &limits, deliver)?;
-        // The ACK, as in `ack_if_due`, without a second lookup (per packet).
-        if let Some(offset) = conn.poll_ack(now, &limits) {
-            let finished = conn.finished();
-            self.out.push_back(ack_packet(id, offset));
-            if finished {
-                self.conns.remove(&id);
-            }
-        } else if conn.rx().ack_pending() && !conn.timer_listed {
-            conn.timer_listed = true;
-            self.ack_owed.push(id);
+        if ack_after_input(conn, id, now, &limits, &mut self.out, &mut self.ack_owed) {
+            self.conns.remove(&id);
         }
         Ok(())
     }
@@ -202,21 +194,14 @@ impl ResumeSession {
         Ok(fresh)
     }
 
-    /// After input for `id`: its ACK goes out now if due by size (or a
-    /// close), else it waits in the timer list — constant work per packet.
+    /// After input for `id` (see [`ack_after_input`]).
     fn ack_if_due(&mut self, now: Instant, id: i64) {
         let limits = self.limits;
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        if let Some(offset) = conn.poll_ack(now, &limits) {
-            self.out.push_back(ack_packet(id, offset));
-            if conn.finished() {
-                self.conns.remove(&id);
-            }
-        } else if conn.rx().ack_pending() && !conn.timer_listed {
-            conn.timer_listed = true;
-            self.ack_owed.push(id);
+        if ack_after_input(conn, id, now, &limits, &mut self.out, &mut self.ack_owed) {
+            self.conns.remove(&id);
         }
     }
 
@@ -430,6 +415,29 @@ impl ResumeSession {
 }
 
 /// `ACK{connectID, offset}`.
+/// After input for connection `id`: its ACK goes out now (into `out`) if
+/// due by size (or a close), else it waits in the timer list `owed` —
+/// constant work per packet, with the entry in hand (no second lookup).
+/// Returns whether the connection is finished and may be forgotten.
+fn ack_after_input(
+    conn: &mut ConnResume,
+    id: i64,
+    now: Instant,
+    limits: &ResumeLimits,
+    out: &mut VecDeque<Packet>,
+    owed: &mut Vec<i64>,
+) -> bool {
+    if let Some(offset) = conn.poll_ack(now, limits) {
+        out.push_back(ack_packet(id, offset));
+        return conn.finished();
+    }
+    if conn.rx().ack_pending() && !conn.timer_listed {
+        conn.timer_listed = true;
+        owed.push(id);
+    }
+    false
+}
+
 fn ack_packet(id: i64, offset: u64) -> Packet {
     Packet::Ack {
         connect_id: id,
