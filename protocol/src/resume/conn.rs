@@ -175,7 +175,7 @@ impl ConnResume {
     /// segments from its receive offset, in order. Sent as plain DATA,
     /// before any new data, and followed by the close if
     /// [`ReplayBuffer::fin_unacked`].
-    pub fn replay(&self) -> impl Iterator<Item = (u64, &Bytes)> + '_ {
+    pub fn replay(&self) -> impl Iterator<Item = (u64, Bytes)> + '_ {
         self.tx.segments()
     }
 

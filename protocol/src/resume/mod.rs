@@ -8,9 +8,9 @@
 //! protocol; this module is the arithmetic that makes it exact:
 //!
 //! - [`ReplayBuffer`] — the send half of one connection: every DATA
-//!   payload sent gets the next byte offset, and stays (as the refcounted
-//!   [`Bytes`] already in hand, no copy) until the peer's cumulative ACK
-//!   passes it. On resume it yields the segments from the peer's receive
+//!   payload sent gets the next byte offset, and stays (large ones as the
+//!   refcounted [`Bytes`] already in hand, small ones copied so they do not
+//!   pin a pool buffer) until the peer's cumulative ACK passes it. On resume it yields the segments from the peer's receive
 //!   offset.
 //! - [`Receiver`] — the receive half: delivers each byte exactly once and
 //!   in order whatever duplicates, overlaps or reordered segments a replay
@@ -48,7 +48,7 @@ use std::time::Duration;
 pub use conn::{ConnResume, Phase};
 pub use park::{ClaimError, ParkTable, ResumeToken};
 pub use recv::Receiver;
-pub use send::ReplayBuffer;
+pub use send::{COPY_MAX, ReplayBuffer};
 pub use session::{Replay, ResumeSession, SessionState};
 
 use crate::Error;

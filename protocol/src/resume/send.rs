@@ -8,9 +8,45 @@ use bytes::{Buf, Bytes};
 use super::{span, violation};
 use crate::Error;
 
+/// Payloads up to this size are copied into the connection's own byte ring
+/// instead of being held by reference. A small payload is usually a slice
+/// of a much larger pool buffer (one read); holding it until the peer's
+/// ACK would pin that whole buffer, so the driver's next read could not
+/// reuse it and had to take a fresh one — more instructions, more cache
+/// lines and page faults per message than the copy of a few hundred bytes.
+pub const COPY_MAX: usize = 2048;
+
+/// Copied payloads that follow each other join one segment up to this
+/// size, so a replay sends them as a few DATA packets, each well inside
+/// one 16 KiB HTTP/2 frame.
+const RUN_MAX: usize = 8192;
+
+/// Once every copied byte is acknowledged, a ring that grew beyond this is
+/// freed rather than kept: an idle connection keeps at most this much.
+const RING_KEEP: usize = 4096;
+
+/// One unacknowledged segment.
+#[derive(Debug)]
+enum Seg {
+    /// A large payload, held by reference (no copy).
+    Shared(Bytes),
+    /// This many bytes at the front of the unconsumed part of the ring.
+    Copied(usize),
+}
+
+impl Seg {
+    fn len(&self) -> usize {
+        match self {
+            Self::Shared(b) => b.len(),
+            Self::Copied(n) => *n,
+        }
+    }
+}
+
 /// The bytes of one connection and direction that were sent but are not
-/// yet acknowledged, as the payloads themselves (refcounted [`Bytes`], no
-/// copy), with their offsets.
+/// yet acknowledged, with their offsets: large payloads as the refcounted
+/// [`Bytes`] themselves (no copy), small ones (at most [`COPY_MAX`]) copied
+/// into a byte ring of the connection's own.
 ///
 /// The connection's close (CLOSE_REQ / CLOSE_RSP) counts as one more
 /// sequence unit after the last byte, like TCP's FIN: a close lost in a cut
@@ -18,7 +54,8 @@ use crate::Error;
 /// acknowledged `sent + 1` ([`done`](Self::done)).
 ///
 /// Invariant: the held segments cover exactly `[acked, sent)` (nothing
-/// once the close is acknowledged), in order, none empty.
+/// once the close is acknowledged), in order, none empty; the ring holds
+/// exactly the bytes of the copied segments, in order.
 #[derive(Debug, Default)]
 pub struct ReplayBuffer {
     /// The peer has everything below this offset.
@@ -26,7 +63,9 @@ pub struct ReplayBuffer {
     /// The offset of the next byte to send (bytes sent so far).
     sent: u64,
     /// `[acked, sent)` in order.
-    segs: VecDeque<Bytes>,
+    segs: VecDeque<Seg>,
+    /// The bytes of the [`Seg::Copied`] segments, in order.
+    ring: VecDeque<u8>,
     /// The close was sent (at offset `sent`).
     fin: bool,
 }
@@ -38,13 +77,23 @@ impl ReplayBuffer {
     }
 
     /// Records a payload about to be sent; returns its offset. The buffer
-    /// keeps a reference to `data` until the peer acknowledges it. Nothing
-    /// is recorded after the close (a caller bug, ignored).
+    /// keeps a reference to `data` (a copy if it is small, see
+    /// [`COPY_MAX`]) until the peer acknowledges it. Nothing is recorded
+    /// after the close (a caller bug, ignored).
     pub fn push(&mut self, data: &Bytes) -> u64 {
         let offset = self.sent;
-        if !data.is_empty() && !self.fin {
-            self.sent = self.sent.saturating_add(data.len() as u64);
-            self.segs.push_back(data.clone());
+        if data.is_empty() || self.fin {
+            return offset;
+        }
+        self.sent = self.sent.saturating_add(data.len() as u64);
+        if data.len() > COPY_MAX {
+            self.segs.push_back(Seg::Shared(data.clone()));
+            return offset;
+        }
+        self.ring.extend(data.iter());
+        match self.segs.back_mut() {
+            Some(Seg::Copied(n)) if *n + data.len() <= RUN_MAX => *n += data.len(),
+            _ => self.segs.push_back(Seg::Copied(data.len())),
         }
         offset
     }
@@ -78,13 +127,21 @@ impl ReplayBuffer {
             let Some(front) = self.segs.front_mut() else {
                 break;
             };
-            if front.len() <= left {
-                left -= front.len();
-                self.segs.pop_front();
-            } else {
-                front.advance(left);
-                left = 0;
+            let take = front.len().min(left);
+            match front {
+                Seg::Shared(b) => b.advance(take),
+                Seg::Copied(n) => {
+                    *n -= take;
+                    self.ring.drain(..take.min(self.ring.len()));
+                }
             }
+            left -= take;
+            if front.len() == 0 {
+                self.segs.pop_front();
+            }
+        }
+        if self.ring.is_empty() && self.ring.capacity() > RING_KEEP {
+            self.ring = VecDeque::new();
         }
         self.acked = offset;
         Ok(released)
@@ -93,13 +150,24 @@ impl ReplayBuffer {
     /// The segments still unacknowledged, each with its offset, in order:
     /// what to replay once the peer said it received everything below
     /// [`acked`](Self::acked) (call [`ack`](Self::ack) with its receive
-    /// offset first).
-    pub fn segments(&self) -> impl Iterator<Item = (u64, &Bytes)> + '_ {
-        let mut offset = self.acked;
+    /// offset first). Held payloads come back as they were pushed; copied
+    /// ones as fresh buffers of at most 8 KiB (a replay is rare, its
+    /// allocations are not on the packet path).
+    pub fn segments(&self) -> impl Iterator<Item = (u64, Bytes)> + '_ {
+        let (mut offset, mut in_ring) = (self.acked, 0);
         self.segs.iter().map(move |seg| {
             let at = offset;
             offset = offset.saturating_add(seg.len() as u64);
-            (at, seg)
+            let bytes = match seg {
+                Seg::Shared(b) => b.clone(),
+                Seg::Copied(n) => {
+                    let end = (in_ring + n).min(self.ring.len());
+                    let run = self.ring.range(in_ring.min(end)..end);
+                    in_ring = end;
+                    Bytes::from(run.copied().collect::<Vec<u8>>())
+                }
+            };
+            (at, bytes)
         })
     }
 
@@ -137,6 +205,7 @@ impl ReplayBuffer {
     /// Drops everything held (the connection is gone without a resume).
     pub fn clear(&mut self) {
         self.segs = VecDeque::new();
+        self.ring = VecDeque::new();
         self.acked = self.end();
     }
 
@@ -150,8 +219,22 @@ impl ReplayBuffer {
                 self.acked, self.sent
             ));
         }
-        if self.segs.iter().any(Bytes::is_empty) {
+        if self.segs.iter().any(|s| s.len() == 0) {
             return Err("replay buffer holds an empty segment".into());
+        }
+        let copied: usize = self
+            .segs
+            .iter()
+            .map(|s| match s {
+                Seg::Copied(n) => *n,
+                Seg::Shared(_) => 0,
+            })
+            .sum();
+        if copied != self.ring.len() {
+            return Err(format!(
+                "copied segments of {copied} bytes, a ring of {}",
+                self.ring.len()
+            ));
         }
         Ok(())
     }

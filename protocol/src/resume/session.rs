@@ -216,7 +216,7 @@ impl ResumeSession {
         let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
         let replay = if conn.ack(offset)? {
             Some(Replay {
-                data: conn.replay().map(|(_, b)| b.clone()).collect(),
+                data: conn.replay().map(|(_, b)| b).collect(),
                 close: conn.tx().fin_unacked(),
             })
         } else {

@@ -25,7 +25,7 @@ fn collect(out: &mut Vec<u8>) -> impl FnMut(Bytes) + '_ {
 }
 
 #[test]
-fn replay_buffer_releases_on_ack_without_copying() {
+fn replay_buffer_releases_on_ack() {
     let mut tx = ReplayBuffer::new();
     let a = Bytes::from_static(b"hello ");
     let b = Bytes::from_static(b"world");
@@ -35,13 +35,67 @@ fn replay_buffer_releases_on_ack_without_copying() {
     assert_eq!(tx.unacked(), 11);
     assert_eq!(tx.ack(3), Ok(3));
     assert_eq!(tx.ack(2), Ok(0), "stale ack releases nothing");
-    let segs: Vec<(u64, Bytes)> = tx.segments().map(|(o, s)| (o, s.clone())).collect();
-    assert_eq!(segs, vec![(3, Bytes::from_static(b"lo ")), (6, b.clone())]);
-    // The held segment is the caller's buffer, not a copy.
-    assert_eq!(segs[1].1.as_ptr(), b.as_ptr());
+    tx.check_invariants().unwrap();
+    // Small payloads that follow each other replay as one segment.
+    let segs: Vec<(u64, Bytes)> = tx.segments().collect();
+    assert_eq!(segs, vec![(3, Bytes::from_static(b"lo world"))]);
     assert!(tx.ack(12).is_err(), "beyond what was sent");
     assert_eq!(tx.ack(11), Ok(8));
     assert_eq!(tx.unacked(), 0);
+    tx.check_invariants().unwrap();
+}
+
+#[test]
+fn replay_buffer_holds_large_payloads_and_copies_small_ones() {
+    let mut tx = ReplayBuffer::new();
+    // A small payload is a slice of a larger read buffer: the buffer must
+    // not stay pinned by the replay.
+    let read = Bytes::from(vec![7u8; 16 * 1024]);
+    let small = read.slice(..64);
+    drop(read);
+    let big = Bytes::from(vec![9u8; COPY_MAX + 1]);
+    tx.push(&small);
+    assert!(small.is_unique(), "a small payload is copied, not held");
+    tx.push(&big);
+    assert!(!big.is_unique(), "a large payload is held, not copied");
+    tx.push(&small);
+    tx.check_invariants().unwrap();
+    let segs: Vec<(u64, Bytes)> = tx.segments().collect();
+    assert_eq!(segs.len(), 3);
+    assert_eq!(segs[0], (0, small.clone()));
+    assert_eq!(segs[1].1.as_ptr(), big.as_ptr(), "the held buffer itself");
+    assert_eq!(segs[2], (64 + big.len() as u64, small.clone()));
+    // Acknowledging into the middle of each kind.
+    assert_eq!(tx.ack(32), Ok(32));
+    assert_eq!(tx.segments().next().unwrap(), (32, small.slice(32..)));
+    tx.check_invariants().unwrap();
+    assert_eq!(tx.ack(100), Ok(68));
+    assert_eq!(tx.segments().next().unwrap(), (100, big.slice(36..)));
+    tx.check_invariants().unwrap();
+    assert_eq!(tx.ack(tx.sent()), Ok(big.len() - 36 + 64));
+    assert_eq!(tx.segments().count(), 0);
+    tx.check_invariants().unwrap();
+}
+
+#[test]
+fn copied_runs_stay_inside_a_frame() {
+    let mut tx = ReplayBuffer::new();
+    let msg = Bytes::from(vec![1u8; 1000]);
+    for _ in 0..40 {
+        tx.push(&msg);
+    }
+    tx.check_invariants().unwrap();
+    let segs: Vec<(u64, Bytes)> = tx.segments().collect();
+    assert!(segs.iter().all(|(_, s)| s.len() <= 8192), "{segs:?}");
+    let total: usize = segs.iter().map(|(_, s)| s.len()).sum();
+    assert_eq!(total, 40_000);
+    // Offsets are contiguous.
+    let mut at = 0;
+    for (o, s) in &segs {
+        assert_eq!(*o, at);
+        at += s.len() as u64;
+    }
+    assert_eq!(tx.ack(40_000), Ok(40_000));
     tx.check_invariants().unwrap();
 }
 
@@ -219,7 +273,7 @@ fn a_resume_replays_from_the_peers_offset() {
     assert_eq!(a.begin_sync(), 0);
     assert_eq!(b.begin_sync(), 4);
     assert_eq!(a.ack(4), Ok(true));
-    let replay: Vec<(u64, Bytes)> = a.replay().map(|(o, s)| (o, s.clone())).collect();
+    let replay: Vec<(u64, Bytes)> = a.replay().collect();
     assert_eq!(replay, vec![(4, data.slice(4..))]);
     for (_, seg) in replay {
         b.data(t0, seg, &l, &mut collect(&mut got)).unwrap();
@@ -247,7 +301,7 @@ fn a_close_lost_in_a_cut_is_replayed_and_acknowledged() {
     assert!(a.tx().fin_unacked());
     let mut got = Vec::new();
     for (_, seg) in a.replay() {
-        b.data(t0, seg.clone(), &l, &mut collect(&mut got)).unwrap();
+        b.data(t0, seg, &l, &mut collect(&mut got)).unwrap();
     }
     b.close_received(t0, &l).unwrap();
     assert!(b.rx().closed());
@@ -579,11 +633,7 @@ impl Model {
 /// A replay as a mangling wire delivers it: segments split at random
 /// points, some pieces duplicated, the batch shuffled — unless `seed`
 /// says to send it plain, as the real wire does.
-fn mangle<'a>(
-    segs: impl Iterator<Item = (u64, &'a Bytes)>,
-    fin: Option<u64>,
-    seed: &mut u64,
-) -> Vec<Msg> {
+fn mangle(segs: impl Iterator<Item = (u64, Bytes)>, fin: Option<u64>, seed: &mut u64) -> Vec<Msg> {
     let plain = next(seed).is_multiple_of(4);
     let mut out = Vec::new();
     for (off, seg) in segs {

@@ -417,8 +417,8 @@ mod tests {
                 Action::ToServer(Packet::Resumed)
             ]
         );
-        // The server received "x" only: "yz" is replayed, then reading
-        // goes on.
+        // The server received "x" only: "yz" and "no" are replayed (small
+        // payloads, copied, as one segment), then reading goes on.
         t.server_packet(
             t0(),
             Packet::Ack {
@@ -430,8 +430,7 @@ mod tests {
         assert_eq!(
             actions(&mut t),
             vec![
-                Action::ToServer(data(1, b"yz")),
-                Action::ToServer(data(1, b"no")),
+                Action::ToServer(data(1, b"yzno")),
                 Action::ResumeRead { connect_id: 1 }
             ]
         );
