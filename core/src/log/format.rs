@@ -101,15 +101,37 @@ impl Stamp {
     }
 }
 
-/// `since_epoch` as RFC 3339 in UTC with microseconds
-/// (`2026-11-25T02:48:33.123456Z`): the audit log's timestamps.
-pub fn rfc3339_utc(since_epoch: std::time::Duration) -> String {
+/// Appends `since_epoch` as RFC 3339 in UTC with microseconds
+/// (`2026-11-25T02:48:33.123456Z`): the audit log's timestamps. By hand,
+/// not with `format!`: it was a third of an audit record's cost.
+pub fn push_rfc3339_utc(out: &mut String, since_epoch: std::time::Duration) {
     let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
     let s = Stamp::utc(secs, since_epoch.subsec_micros());
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
-        s.year, s.month, s.day, s.hour, s.minute, s.second, s.micros
-    )
+    push_int(out, i128::from(s.year));
+    for (sep, v) in [
+        ('-', s.month),
+        ('-', s.day),
+        ('T', s.hour),
+        (':', s.minute),
+        (':', s.second),
+    ] {
+        out.push(sep);
+        push_padded(out, u64::from(v), 2, '0');
+    }
+    out.push('.');
+    push_padded(out, u64::from(s.micros), 6, '0');
+    out.push('Z');
+}
+
+/// Appends `v` in decimal, zero-padded to at least `width` digits (no
+/// `fmt` machinery).
+pub fn push_u64(out: &mut String, v: u64, width: usize) {
+    push_padded(out, v, width, '0');
+}
+
+/// Appends `v` in decimal (no `fmt` machinery).
+pub fn push_i64(out: &mut String, v: i64) {
+    push_int(out, i128::from(v));
 }
 
 /// `localtime_r`: (year, month 1-12, day, hour, minute, second).
@@ -375,11 +397,42 @@ mod tests {
 
     #[test]
     fn rfc3339_in_utc() {
+        let rfc3339 = |d| {
+            let mut s = String::new();
+            push_rfc3339_utc(&mut s, d);
+            s
+        };
         let d = std::time::Duration::new(1_795_000_000, 123_456_789);
-        assert_eq!(rfc3339_utc(d), "2026-11-18T11:06:40.123456Z");
+        assert_eq!(rfc3339(d), "2026-11-18T11:06:40.123456Z");
         assert_eq!(
-            rfc3339_utc(std::time::Duration::ZERO),
+            rfc3339(std::time::Duration::ZERO),
             "1970-01-01T00:00:00.000000Z"
+        );
+        // Years of four digits and more are written as they are.
+        assert_eq!(
+            rfc3339(std::time::Duration::from_secs(253_402_300_800)),
+            "10000-01-01T00:00:00.000000Z"
+        );
+    }
+
+    #[test]
+    fn decimal_integers() {
+        let mut s = String::new();
+        for v in [0, 7, 10, 1234, i64::MAX, i64::MIN, -5] {
+            push_i64(&mut s, v);
+            s.push(' ');
+        }
+        push_u64(&mut s, u64::MAX, 1);
+        s.push(' ');
+        push_u64(&mut s, 42, 6);
+        assert_eq!(
+            s,
+            format!(
+                "0 7 10 1234 {} {} -5 {} 000042",
+                i64::MAX,
+                i64::MIN,
+                u64::MAX
+            )
         );
     }
 

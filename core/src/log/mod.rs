@@ -86,7 +86,7 @@ pub use flags::{
     GoFlagBool, GoFlagString, GoFlagUint64, LevelValue, ModulePattern, ModuleSpecValue, Severity,
     SeverityValue, TraceLocationValue,
 };
-pub use format::rfc3339_utc;
+pub use format::{push_i64, push_rfc3339_utc, push_u64};
 /// The `tracing` crate konn logs through, re-exported so crates without
 /// their own `tracing` dependency (the binaries, for now) log with the very
 /// version the subscriber was built for: `konn_core::log::tracing::info!`.
