@@ -116,17 +116,17 @@ pub fn push_rfc3339_utc(out: &mut String, since_epoch: std::time::Duration) {
         (':', s.second),
     ] {
         out.push(sep);
-        push_padded(out, u64::from(v), 2, '0');
+        push_padded(out, u64::from(v), 2, b'0');
     }
     out.push('.');
-    push_padded(out, u64::from(s.micros), 6, '0');
+    push_padded(out, u64::from(s.micros), 6, b'0');
     out.push('Z');
 }
 
 /// Appends `v` in decimal, zero-padded to at least `width` digits (no
 /// `fmt` machinery).
 pub fn push_u64(out: &mut String, v: u64, width: usize) {
-    push_padded(out, v, width, '0');
+    push_padded(out, v, width, b'0');
 }
 
 /// Appends `v` in decimal (no `fmt` machinery).
@@ -170,47 +170,51 @@ pub(crate) fn write_header(
     line: u32,
 ) {
     out.push(severity.letter());
-    push_padded(out, u64::from(stamp.month), 2, '0');
-    push_padded(out, u64::from(stamp.day), 2, '0');
+    push_padded(out, u64::from(stamp.month), 2, b'0');
+    push_padded(out, u64::from(stamp.day), 2, b'0');
     out.push(' ');
-    push_padded(out, u64::from(stamp.hour), 2, '0');
+    push_padded(out, u64::from(stamp.hour), 2, b'0');
     out.push(':');
-    push_padded(out, u64::from(stamp.minute), 2, '0');
+    push_padded(out, u64::from(stamp.minute), 2, b'0');
     out.push(':');
-    push_padded(out, u64::from(stamp.second), 2, '0');
+    push_padded(out, u64::from(stamp.second), 2, b'0');
     out.push('.');
-    push_padded(out, u64::from(stamp.micros), 6, '0');
+    push_padded(out, u64::from(stamp.micros), 6, b'0');
     out.push(' ');
-    push_padded(out, u64::from(pid), 7, ' ');
+    push_padded(out, u64::from(pid), 7, b' ');
     out.push(' ');
     out.push_str(file);
     out.push(':');
-    push_padded(out, u64::from(line), 1, ' ');
+    push_padded(out, u64::from(line), 1, b' ');
     out.push_str("] ");
 }
 
-/// Appends `v` in decimal, left-padded with `pad` to `width` characters.
-fn push_padded(out: &mut String, v: u64, width: usize, pad: char) {
-    let mut digits = [0u8; 20];
+/// Appends `v` in decimal, left-padded with `pad` to `width` characters
+/// (at most 24; an ASCII `pad`). One `push_str` of digits formed in a
+/// stack buffer: pushing them one `char` at a time was most of an audit
+/// record's cost.
+#[allow(unsafe_code)]
+fn push_padded(out: &mut String, v: u64, width: usize, pad: u8) {
+    let mut buf = [if pad.is_ascii() { pad } else { b' ' }; 24];
     let mut n = v;
-    let mut i = digits.len();
-    loop {
+    let mut i = buf.len();
+    // Bounded: u64 has at most 20 digits.
+    while i > 0 {
         i -= 1;
-        if let Some(d) = digits.get_mut(i) {
+        if let Some(d) = buf.get_mut(i) {
             *d = b'0' + (n % 10) as u8;
         }
         n /= 10;
-        if n == 0 || i == 0 {
+        if n == 0 {
             break;
         }
     }
-    let text = digits.get(i..).unwrap_or_default();
-    for _ in text.len()..width {
-        out.push(pad);
-    }
-    for &d in text {
-        out.push(char::from(d));
-    }
+    let start = i.min(buf.len().saturating_sub(width));
+    let text = buf.get(start..).unwrap_or_default();
+    // SAFETY: `text` holds ASCII digits and an ASCII pad (checked above),
+    // so it is valid UTF-8. (`from_utf8` validated it again for as much as
+    // the whole formatting cost.)
+    out.push_str(unsafe { std::str::from_utf8_unchecked(text) });
 }
 
 /// Appends a signed integer in decimal.
@@ -220,7 +224,7 @@ fn push_int(out: &mut String, v: i128) {
     }
     let m = v.unsigned_abs();
     match u64::try_from(m) {
-        Ok(m) => push_padded(out, m, 1, ' '),
+        Ok(m) => push_padded(out, m, 1, b' '),
         Err(_) => {
             let _ = write!(out, "{m}");
         }
