@@ -1,5 +1,7 @@
 //! The start-up sequence both binaries share, up to validated options:
 //!
+//! 0. make any panic end the process after its message is printed, in
+//!    every build ([`abort_on_panic`]);
 //! 1. block SIGTERM and SIGINT, first, so every thread started later
 //!    (logging, workers) inherits the mask and only the main thread takes
 //!    them (`io::signals`);
@@ -65,6 +67,7 @@ pub trait Options: Sized {
 /// The exit code when the binary must not go on (the reason has been
 /// printed or logged).
 pub fn start<O: Options>(mut cmd: Command, program: &str, role: &str) -> Result<O, ExitCode> {
+    abort_on_panic();
     if let Err(err) = block_shutdown_signals() {
         eprintln!("Error: cannot block SIGTERM/SIGINT: {err}");
         return Err(ExitCode::FAILURE);
@@ -99,4 +102,19 @@ pub fn start<O: Options>(mut cmd: Command, program: &str, role: &str) -> Result<
         return Err(ExitCode::FAILURE);
     }
     Ok(opts)
+}
+
+/// Makes a panic on any thread end the process (after the default hook
+/// printed its message and location), as the release profile's
+/// `panic = "abort"` does, in debug builds too. Without it a panicking
+/// worker thread of a debug build ended alone: the process lived on with
+/// that core's listeners and connections dead, serving nothing on them and
+/// telling no one — a hang to every test and supervisor, where an exit is
+/// seen at once and restarted.
+pub fn abort_on_panic() {
+    let print = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        print(info);
+        std::process::abort();
+    }));
 }
