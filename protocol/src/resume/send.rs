@@ -21,6 +21,12 @@ pub const COPY_MAX: usize = 2048;
 /// one 16 KiB HTTP/2 frame.
 const RUN_MAX: usize = 8192;
 
+/// Unacknowledged copied bytes per connection stay below this; a small
+/// payload that would go beyond is held by reference like a large one.
+/// The ring is per-connection state outside the pools' global budget, so
+/// it is kept small; held pool buffers are counted by the budget.
+const RING_MAX: usize = 8192;
+
 /// Once every copied byte is acknowledged, a ring that grew beyond this is
 /// freed rather than kept: an idle connection keeps at most this much.
 const RING_KEEP: usize = 4096;
@@ -46,7 +52,8 @@ impl Seg {
 /// The bytes of one connection and direction that were sent but are not
 /// yet acknowledged, with their offsets: large payloads as the refcounted
 /// [`Bytes`] themselves (no copy), small ones (at most [`COPY_MAX`]) copied
-/// into a byte ring of the connection's own.
+/// into a byte ring of the connection's own while it holds less than
+/// 8 KiB.
 ///
 /// The connection's close (CLOSE_REQ / CLOSE_RSP) counts as one more
 /// sequence unit after the last byte, like TCP's FIN: a close lost in a cut
@@ -86,7 +93,7 @@ impl ReplayBuffer {
             return offset;
         }
         self.sent = self.sent.saturating_add(data.len() as u64);
-        if data.len() > COPY_MAX {
+        if data.len() > COPY_MAX || self.ring.len() + data.len() > RING_MAX {
             self.segs.push_back(Seg::Shared(data.clone()));
             return offset;
         }

@@ -78,11 +78,13 @@ fn replay_buffer_holds_large_payloads_and_copies_small_ones() {
 }
 
 #[test]
-fn copied_runs_stay_inside_a_frame() {
+fn copied_runs_stay_inside_a_frame_and_the_ring_small() {
     let mut tx = ReplayBuffer::new();
     let msg = Bytes::from(vec![1u8; 1000]);
-    for _ in 0..40 {
+    for i in 0..40 {
         tx.push(&msg);
+        // The ring holds 8 KiB at most; the payloads beyond are held.
+        assert_eq!(msg.is_unique(), i < 8, "after {} payloads", i + 1);
     }
     tx.check_invariants().unwrap();
     let segs: Vec<(u64, Bytes)> = tx.segments().collect();
