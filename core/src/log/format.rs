@@ -107,7 +107,7 @@ impl Stamp {
 pub fn push_rfc3339_utc(out: &mut String, since_epoch: std::time::Duration) {
     let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
     let s = Stamp::utc(secs, since_epoch.subsec_micros());
-    push_int(out, i128::from(s.year));
+    push_padded(out, u64::try_from(s.year).unwrap_or(0), 4, b'0');
     for (sep, v) in [
         ('-', s.month),
         ('-', s.day),
