@@ -9,7 +9,7 @@
 //!
 //! - [`ReplayBuffer`] — the send half of one connection: every DATA
 //!   payload sent gets the next byte offset, and stays (large ones as the
-//!   refcounted [`Bytes`] already in hand, small ones copied so they do not
+//!   refcounted [`Bytes`](bytes::Bytes) already in hand, small ones copied so they do not
 //!   pin a pool buffer) until the peer's cumulative ACK passes it. On resume it yields the segments from the peer's receive
 //!   offset.
 //! - [`Receiver`] — the receive half: delivers each byte exactly once and

@@ -11,9 +11,9 @@ use crate::Error;
 /// Payloads up to this size are copied into the connection's own byte ring
 /// instead of being held by reference. A small payload is usually a slice
 /// of a much larger pool buffer (one read); holding it until the peer's
-/// ACK would pin that whole buffer, so the driver's next read could not
-/// reuse it and had to take a fresh one — more instructions, more cache
-/// lines and page faults per message than the copy of a few hundred bytes.
+/// ACK would pin that whole buffer — memory the byte count does not show —
+/// and the driver's next read could not reuse it and had to take a fresh
+/// one.
 pub const COPY_MAX: usize = 2048;
 
 /// Copied payloads that follow each other join one segment up to this

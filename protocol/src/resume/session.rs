@@ -31,7 +31,8 @@ pub enum SessionState {
 /// it was sent and not acknowledged.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Replay {
-    /// The payloads, in order (zero-copy handles of the sent buffers).
+    /// The payloads, in order (the sent buffers themselves for large
+    /// payloads, fresh copies of the ring for small ones).
     pub data: Vec<Bytes>,
     /// Re-send the close (CLOSE_REQ / CLOSE_RSP) after them.
     pub close: bool,
@@ -414,7 +415,6 @@ impl ResumeSession {
     }
 }
 
-/// `ACK{connectID, offset}`.
 /// After input for connection `id`: its ACK goes out now (into `out`) if
 /// due by size (or a close), else it waits in the timer list `owed` —
 /// constant work per packet, with the entry in hand (no second lookup).
@@ -438,6 +438,7 @@ fn ack_after_input(
     false
 }
 
+/// `ACK{connectID, offset}`.
 fn ack_packet(id: i64, offset: u64) -> Packet {
     Packet::Ack {
         connect_id: id,
