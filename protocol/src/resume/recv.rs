@@ -155,11 +155,13 @@ impl Receiver {
     /// `received`.
     fn take(&mut self, offset: u64, data: Bytes, deliver: &mut impl FnMut(Bytes)) {
         let skip = span(offset, self.received);
-        if skip < data.len() {
-            let fresh = data.slice(skip..);
-            self.received = self.received.saturating_add(fresh.len() as u64);
-            deliver(fresh);
+        if skip >= data.len() {
+            return;
         }
+        // In order (the usual case): the payload itself, no new handle.
+        let fresh = if skip == 0 { data } else { data.slice(skip..) };
+        self.received = self.received.saturating_add(fresh.len() as u64);
+        deliver(fresh);
     }
 
     /// Delivers the held segments that continue the stream.

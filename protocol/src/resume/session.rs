@@ -162,7 +162,9 @@ impl ResumeSession {
     }
 
     /// A plain DATA payload for `id` arrived: `deliver` gets the new bytes
-    /// (normally the whole payload; nothing for a duplicate).
+    /// (normally the whole payload, itself; nothing for a duplicate). A
+    /// connection the session does not track has no resume state: its
+    /// payload is delivered as is (one lookup per packet either way).
     pub fn received(
         &mut self,
         now: Instant,
@@ -172,7 +174,10 @@ impl ResumeSession {
     ) -> Result<(), Error> {
         let limits = self.limits;
         self.now = Some(now);
-        let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
+        let Some(conn) = self.conns.get_mut(&id) else {
+            deliver(data);
+            return Ok(());
+        };
         conn.data(now, data, &limits, deliver)?;
         if ack_after_input(conn, id, now, &limits, &mut self.out, &mut self.ack_owed) {
             self.conns.remove(&id);

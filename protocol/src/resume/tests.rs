@@ -931,3 +931,29 @@ fn a_session_refuses_bad_acks() {
     assert!(s.ack(9, 0).is_err(), "unknown connection");
     assert_eq!(s.ack(1, 0), Ok(None));
 }
+
+#[test]
+fn in_order_data_is_not_copied_and_untracked_data_passes_through() {
+    let t0 = test_epoch();
+    let mut s = ResumeSession::new(limits());
+    s.open(1);
+    let sent = Bytes::from(vec![7u8; 100]);
+    let mut got = Vec::new();
+    s.received(t0, 1, sent.clone(), &mut |b| got.push(b))
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].as_ptr(),
+        sent.as_ptr(),
+        "the payload's bytes, not a copy"
+    );
+    assert_eq!(got[0].len(), 100);
+    // A connection without resume state: delivered whole, nothing tracked.
+    let other = Bytes::from_static(b"no resume state");
+    got.clear();
+    s.received(t0, 9, other.clone(), &mut |b| got.push(b))
+        .unwrap();
+    assert_eq!(got, vec![other]);
+    assert!(!s.contains(9));
+    assert_eq!(s.len(), 1);
+}

@@ -127,10 +127,8 @@ impl Tunnel {
         let Some(s) = self.resume.as_mut() else {
             return Some(data);
         };
-        if !s.contains(connect_id) {
-            return Some(data);
-        }
-        // Plain DATA delivers at most one slice; more (never produced by
+        // Plain DATA delivers at most one slice (the payload itself, or
+        // all of it for an untracked connection); more (never produced by
         // this wire) would be joined rather than lost.
         let mut out: Option<Bytes> = None;
         let res = s.received(now, connect_id, data, &mut |b: Bytes| {
@@ -144,6 +142,7 @@ impl Tunnel {
                 }
             });
         });
+        let flush = s.has_packets();
         let out = match res {
             Ok(()) => out,
             Err(_) => {
@@ -151,7 +150,9 @@ impl Tunnel {
                 None
             }
         };
-        self.flush_resume();
+        if flush {
+            self.flush_resume();
+        }
         out
     }
 

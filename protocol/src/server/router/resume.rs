@@ -203,34 +203,46 @@ impl Router {
             } if error.is_empty() && connect_id != 0 => s.open(connect_id),
             Packet::Data {
                 connect_id,
-                ref data,
-                ..
-            } if s.contains(connect_id) => {
+                data,
+                error,
+            } => {
+                // The payload moves through the session and, in order,
+                // comes back as itself: no handle is cloned.
                 let whole = data.len();
                 let mut got: Option<Bytes> = None;
-                let res = s.received(now, connect_id, data.clone(), &mut |b: Bytes| {
+                let res = s.received(now, connect_id, data, &mut |b: Bytes| {
                     got = Some(match got.take() {
                         None => b,
                         Some(a) => join(&a, &b),
                     });
                 });
                 let armed = s.ack_timer_pending();
+                let flush = s.has_packets();
                 self.resume.timer_armed |= armed;
-                self.flush_resume(id);
+                if flush {
+                    self.flush_resume(id);
+                }
                 return match (res, got) {
                     (Err(_), _) => {
                         self.resume_violation(now, id, connect_id);
                         None
                     }
                     (Ok(()), None) => None, // a duplicate
-                    (Ok(()), Some(d)) if d.len() == whole => Some((packet, framed)),
-                    (Ok(()), Some(d)) => {
+                    (Ok(()), Some(data)) if data.len() == whole => Some((
+                        Packet::Data {
+                            connect_id,
+                            error,
+                            data,
+                        },
+                        framed,
+                    )),
+                    (Ok(()), Some(data)) => {
                         // Partly new (this wire does not produce it): the
                         // new part, re-encoded.
                         let p = Packet::Data {
                             connect_id,
                             error: ByteStr::new(),
-                            data: d,
+                            data,
                         };
                         let framed = encode(&p);
                         Some((p, framed))
