@@ -106,6 +106,9 @@ pub const BUF_CAPACITY: usize = MAX_FRAME_WIRE_LEN.div_ceil(BUF_ALIGN) * BUF_ALI
 
 const _: () = assert!(BUF_CAPACITY == 16_448);
 
+/// Spare TLS ciphertext buffers a core keeps ([`BufPool::put_scratch`]).
+pub const SCRATCH_KEEP: usize = 2;
+
 /// Frame-sized buffers in one large buffer (see [`LARGE_BUF_CAPACITY`]).
 pub const LARGE_BUF_UNITS: usize = 4;
 
@@ -359,6 +362,8 @@ struct LocalPool {
     exhausted: u64,
     /// Lent buffers as last published to the budget.
     published_in_use: usize,
+    /// Spare TLS ciphertext buffers ([`BufPool::take_scratch`]).
+    scratch: Vec<BytesMut>,
 }
 
 /// The buffers of one size.
@@ -467,6 +472,7 @@ impl BufPool {
                 misses: 0,
                 exhausted: 0,
                 published_in_use: 0,
+                scratch: Vec::new(),
             })),
         }
     }
@@ -572,6 +578,33 @@ impl BufPool {
                 return Ok(buf);
             }
             delay = (delay * 2).min(ACQUIRE_RETRY_MAX);
+        }
+    }
+
+    /// A working buffer for TLS ciphertext with room for `room` bytes: a
+    /// spare one if the core has it, else a fresh allocation. Ciphertext
+    /// lives only until rustls copies it, so these are not pooled buffers
+    /// and sit outside the budget; a reader gives its buffer back with
+    /// [`put_scratch`](Self::put_scratch) before it waits, so an idle
+    /// connection holds none, and the next read does not allocate.
+    pub fn take_scratch(&self, room: usize) -> BytesMut {
+        let mut b = self.inner.borrow_mut().scratch.pop().unwrap_or_default();
+        // An empty spare moves its start back instead of allocating.
+        b.reserve(room);
+        b
+    }
+
+    /// Keeps an emptied scratch buffer for the next
+    /// [`take_scratch`](Self::take_scratch): at most [`SCRATCH_KEEP`] per
+    /// core, none while the budget is under pressure; others are freed.
+    pub fn put_scratch(&self, mut b: BytesMut) {
+        if !b.is_empty() || b.capacity() == 0 {
+            return;
+        }
+        let mut pool = self.inner.borrow_mut();
+        if pool.scratch.len() < SCRATCH_KEEP && !pool.budget.under_pressure() {
+            b.clear();
+            pool.scratch.push(b);
         }
     }
 
@@ -720,6 +753,9 @@ impl LocalPool {
     /// shedding harder while some pool is starved.
     fn trim(&mut self) {
         let pressure = self.budget.under_pressure();
+        if pressure {
+            self.scratch.clear();
+        }
         let keep_idle = if pressure {
             self.max_idle / 4
         } else {
@@ -765,7 +801,7 @@ impl Drop for LocalPool {
 
 #[cfg(test)]
 mod tests {
-    use bytes::BufMut;
+    use bytes::{Buf, BufMut};
 
     use super::*;
 
@@ -783,6 +819,37 @@ mod tests {
         assert_eq!(budget.in_use_bytes(), BUF_CAPACITY);
         drop(pool);
         assert_eq!(budget.in_use_bytes(), 0);
+        drop(b);
+    }
+
+    #[test]
+    fn spent_scratch_buffers_are_reused_up_to_the_keep_limit() {
+        let (_budget, pool) = pool(8);
+        let mut a = pool.take_scratch(1000);
+        assert!(a.capacity() >= 1000);
+        a.put_slice(&[1; 600]);
+        // Consumed the way the TLS reader consumes ciphertext.
+        a.advance(600);
+        let at = a.as_ptr();
+        pool.put_scratch(a);
+        assert_eq!(pool.inner.borrow().scratch.len(), 1);
+        let b = pool.take_scratch(1000);
+        assert_eq!(
+            b.as_ptr(),
+            at.wrapping_sub(600),
+            "the same allocation, from its start"
+        );
+        assert!(b.is_empty() && b.capacity() >= 1000);
+        // Unconsumed bytes are never handed to another reader.
+        let mut c = pool.take_scratch(10);
+        c.put_slice(b"left");
+        pool.put_scratch(c);
+        assert_eq!(pool.take_scratch(10).len(), 0);
+        // At most SCRATCH_KEEP spares per core.
+        for _ in 0..SCRATCH_KEEP + 2 {
+            pool.put_scratch(BytesMut::with_capacity(64));
+        }
+        assert_eq!(pool.inner.borrow().scratch.len(), SCRATCH_KEEP);
         drop(b);
     }
 

@@ -694,8 +694,12 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             };
             if buf.is_empty() {
                 // Nothing unprocessed: hold no buffer while waiting, so an
-                // idle connection costs only its protocol state.
-                *buf = BytesMut::new();
+                // idle connection costs only its protocol state. The
+                // ciphertext buffer goes to the core's spares.
+                let spent = std::mem::take(buf);
+                if tls {
+                    self.pool.put_scratch(spent);
+                }
                 if plain.is_empty() {
                     *plain = BytesMut::new();
                 }
@@ -711,8 +715,12 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             }
             if tls {
                 // Ciphertext only lives until rustls has copied it: a
-                // working buffer of the connection, not a pooled one.
-                buf.reserve(READ_CHUNK);
+                // working buffer, not a pooled one (the core's spare).
+                if buf.capacity() == 0 {
+                    *buf = self.pool.take_scratch(READ_CHUNK);
+                } else {
+                    buf.reserve(READ_CHUNK);
+                }
             } else if !self.make_room(buf, true).await? {
                 return Ok(());
             }
