@@ -82,6 +82,19 @@ impl<'a> Cursor<'a> {
     /// Reads a varint (up to 10 bytes; the 10th may only carry bit 63).
     pub(super) fn read_varint(&mut self) -> Result<u64, Error> {
         let rest = self.rest();
+        // Keys, lengths below 128 and small ids take one byte, most other
+        // lengths two: read those without the general loop.
+        match *rest {
+            [b0, ..] if b0 < 0x80 => {
+                self.pos += 1;
+                return Ok(u64::from(b0));
+            }
+            [b0, b1, ..] if b1 < 0x80 => {
+                self.pos += 2;
+                return Ok(u64::from(b0 & 0x7f) | u64::from(b1) << 7);
+            }
+            _ => {}
+        }
         let mut value = 0u64;
         for (i, &byte) in rest.iter().take(MAX_VARINT_LEN).enumerate() {
             value |= u64::from(byte & 0x7f) << (7 * i);
