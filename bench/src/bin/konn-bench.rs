@@ -472,7 +472,7 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
                             .find(|x| x.name() == r)
                             .with_context(|| {
                                 format!(
-                                    "unknown run {r:?} (idle, download, upload, dials, messages)"
+                                    "unknown run {r:?} (idle, download, upload, dials, messages, messages-1k)"
                                 )
                             })
                     })

@@ -15,6 +15,7 @@
 //! | `upload` | one tunnel, [`UPLOAD_MB`] MB frontend → destination (S2) |
 //! | `dials` | [`DIALS`] sequential kube-apiserver-style dials, 1 KiB echo each (S4) |
 //! | `messages` | [`MESSAGES`] 64 B round trips on one connection (S3's closed loop) |
+//! | `messages-1k` | [`MESSAGES`] 1 KiB round trips on one connection (S3's larger message) |
 //!
 //! each [`REPEAT`] times, and reports the median instructions per MB, per
 //! dial and per message for each process (workload run minus the `idle` run). The load generator runs natively;
@@ -54,6 +55,8 @@ pub const DIALS: u64 = 600;
 pub const MESSAGES: u64 = 2000;
 /// Size of one message of the message run (S3's small message).
 const MESSAGE: usize = 64;
+/// Size of one message of the `messages-1k` run (S3's 1 KiB message).
+const MESSAGE_KIB: usize = 1024;
 
 /// Upload write size (as S2).
 const CHUNK: usize = 64 * 1024;
@@ -75,16 +78,20 @@ pub enum Run {
     /// [`MESSAGES`] round trips of a 64 B message on one connection
     /// (S3's closed loop: the per-message cost of small exchanges).
     Messages,
+    /// [`MESSAGES`] round trips of a 1 KiB message on one connection
+    /// (S3's larger message: what a payload copy costs).
+    MessagesKib,
 }
 
 impl Run {
     /// Every run, `Idle` first (the others are measured against it).
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Idle,
         Self::Download,
         Self::Upload,
         Self::Dials,
         Self::Messages,
+        Self::MessagesKib,
     ];
 
     /// Name in reports and baselines.
@@ -95,6 +102,7 @@ impl Run {
             Self::Upload => "upload",
             Self::Dials => "dials",
             Self::Messages => "messages",
+            Self::MessagesKib => "messages-1k",
         }
     }
 
@@ -105,7 +113,7 @@ impl Run {
             Self::Download => (DOWNLOAD_MB, "MB"),
             Self::Upload => (UPLOAD_MB, "MB"),
             Self::Dials => (DIALS, "dial"),
-            Self::Messages => (MESSAGES, "msg"),
+            Self::Messages | Self::MessagesKib => (MESSAGES, "msg"),
         }
     }
 }
@@ -201,8 +209,13 @@ async fn workload(route: &super::load::Route, dests: &Dests, run: Run) -> Result
             }
             Ok(())
         }
-        Run::Messages => {
-            let msg = Bytes::from(vec![0x42; MESSAGE]);
+        Run::Messages | Run::MessagesKib => {
+            let size = if run == Run::Messages {
+                MESSAGE
+            } else {
+                MESSAGE_KIB
+            };
+            let msg = Bytes::from(vec![0x42; size]);
             let mut c = Conn::open(route, dests.echo_for(0), DIAL_TIMEOUT).await?;
             for _ in 0..MESSAGES {
                 c.write(msg.clone()).await?;
