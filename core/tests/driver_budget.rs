@@ -321,3 +321,62 @@ fn a_reader_gives_up_at_the_pool_deadline() {
         assert_eq!(pool.stats().in_use, 0);
     });
 }
+
+/// A reader with nothing unprocessed waits without a buffer: an idle
+/// connection holds none of the budget (S5's per-connection memory).
+#[test]
+fn an_idle_reader_holds_no_buffer() {
+    run_on_each_engine(|engine| async move {
+        let (_budget, pool) = small_pool(Duration::from_secs(60));
+        let _current = pool::install(pool.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A raw HTTP/2 client on its own thread: preface and SETTINGS, then
+        // it waits for the server's acknowledgement (proof that the server
+        // read them) and stays connected, silent, until told to go.
+        let (acked_tx, acked_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+                .unwrap();
+            let mut header = [0u8; 9];
+            loop {
+                s.read_exact(&mut header).unwrap();
+                let len = usize::from(header[0]) << 16
+                    | usize::from(header[1]) << 8
+                    | usize::from(header[2]);
+                std::io::copy(&mut (&mut s).take(len as u64), &mut std::io::sink()).unwrap();
+                if header[3] == 4 && header[4] & 1 == 1 {
+                    break; // SETTINGS with ACK
+                }
+            }
+            acked_tx.send(()).unwrap();
+            let _ = done_rx.recv_timeout(Duration::from_secs(30));
+        });
+        let seen = Rc::new(Seen::default());
+        let (s, _) = listener.accept().await.unwrap();
+        let conn = server_conn(&seen);
+        let task = monoio::spawn(conn.clone().run(s));
+        let deadline = monoio::time::Instant::now() + Duration::from_secs(20);
+        while acked_rx.try_recv().is_err() {
+            assert!(
+                monoio::time::Instant::now() < deadline,
+                "{engine}: no SETTINGS ACK"
+            );
+            monoio::time::sleep(Duration::from_millis(5)).await;
+        }
+        until(&seen, "the idle reader to give its buffer back", || {
+            pool.reclaim();
+            pool.stats().in_use == 0
+        })
+        .await;
+        assert!(!seen.closed.get(), "{engine}: the connection stays open");
+        done_tx.send(()).unwrap();
+        conn.abort();
+        let _ = task.await;
+        peer.join().unwrap();
+    });
+}

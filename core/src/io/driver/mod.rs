@@ -696,9 +696,10 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 // Nothing unprocessed: hold no buffer while waiting, so an
                 // idle connection costs only its protocol state. The
                 // ciphertext buffer goes to the core's spares.
-                let spent = std::mem::take(buf);
                 if tls {
-                    self.pool.put_scratch(spent);
+                    self.pool.put_scratch(std::mem::take(buf));
+                } else {
+                    *buf = BytesMut::new();
                 }
                 if plain.is_empty() {
                     *plain = BytesMut::new();
