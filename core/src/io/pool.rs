@@ -364,6 +364,9 @@ struct LocalPool {
     published_in_use: usize,
     /// Spare TLS ciphertext buffers ([`BufPool::take_scratch`]).
     scratch: Vec<BytesMut>,
+    /// A spare was taken since the last maintenance pass (unused spares
+    /// are freed there).
+    scratch_taken: bool,
 }
 
 /// The buffers of one size.
@@ -473,6 +476,7 @@ impl BufPool {
                 exhausted: 0,
                 published_in_use: 0,
                 scratch: Vec::new(),
+                scratch_taken: false,
             })),
         }
     }
@@ -588,7 +592,11 @@ impl BufPool {
     /// [`put_scratch`](Self::put_scratch) before it waits, so an idle
     /// connection holds none, and the next read does not allocate.
     pub fn take_scratch(&self, room: usize) -> BytesMut {
-        let mut b = self.inner.borrow_mut().scratch.pop().unwrap_or_default();
+        let mut b = {
+            let mut pool = self.inner.borrow_mut();
+            pool.scratch_taken = true;
+            pool.scratch.pop().unwrap_or_default()
+        };
         // An empty spare moves its start back instead of allocating.
         b.reserve(room);
         b
@@ -596,7 +604,9 @@ impl BufPool {
 
     /// Keeps an emptied scratch buffer for the next
     /// [`take_scratch`](Self::take_scratch): at most [`SCRATCH_KEEP`] per
-    /// core, none while the budget is under pressure; others are freed.
+    /// core, none while the budget is under pressure; others are freed, and
+    /// so are spares no reader took during a maintenance interval (an idle
+    /// core holds none).
     pub fn put_scratch(&self, mut b: BytesMut) {
         if !b.is_empty() || b.capacity() == 0 {
             return;
@@ -753,9 +763,10 @@ impl LocalPool {
     /// shedding harder while some pool is starved.
     fn trim(&mut self) {
         let pressure = self.budget.under_pressure();
-        if pressure {
+        if pressure || !self.scratch_taken {
             self.scratch.clear();
         }
+        self.scratch_taken = false;
         let keep_idle = if pressure {
             self.max_idle / 4
         } else {
@@ -850,6 +861,15 @@ mod tests {
             pool.put_scratch(BytesMut::with_capacity(64));
         }
         assert_eq!(pool.inner.borrow().scratch.len(), SCRATCH_KEEP);
+        // Spares survive a maintenance pass after a take, not a second one
+        // without.
+        pool.reclaim();
+        assert_eq!(pool.inner.borrow().scratch.len(), SCRATCH_KEEP);
+        pool.reclaim();
+        assert!(
+            pool.inner.borrow().scratch.is_empty(),
+            "an idle core keeps none"
+        );
         drop(b);
     }
 
