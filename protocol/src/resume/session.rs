@@ -6,7 +6,7 @@ use crate::maps::{IdMap, IdSet};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use konn_frames::packet::Packet;
 
 use super::{ConnResume, Phase, ResumeLimits, violation};
@@ -161,28 +161,34 @@ impl ResumeSession {
         Ok(live)
     }
 
-    /// A plain DATA payload for `id` arrived: `deliver` gets the new bytes
-    /// (normally the whole payload, itself; nothing for a duplicate). A
-    /// connection the session does not track has no resume state: its
-    /// payload is delivered as is (one lookup per packet either way).
-    pub fn received(
-        &mut self,
-        now: Instant,
-        id: i64,
-        data: Bytes,
-        deliver: &mut impl FnMut(Bytes),
-    ) -> Result<(), Error> {
+    /// A plain DATA payload for `id` arrived: returns the new bytes —
+    /// normally the payload itself (no handle cloned), nothing for a
+    /// duplicate, and, should held segments follow it (never on a plain
+    /// wire), all of them joined into one buffer. A connection the session
+    /// does not track has no resume state: its payload comes back as is
+    /// (one lookup per packet either way).
+    pub fn received(&mut self, now: Instant, id: i64, data: Bytes) -> Result<Option<Bytes>, Error> {
         let limits = self.limits;
         self.now = Some(now);
         let Some(conn) = self.conns.get_mut(&id) else {
-            deliver(data);
-            return Ok(());
+            return Ok(Some(data));
         };
-        conn.data(now, data, &limits, deliver)?;
+        let mut got: Option<Bytes> = None;
+        conn.data(now, data, &limits, &mut |b: Bytes| {
+            got = Some(match got.take() {
+                None => b,
+                Some(a) => {
+                    let mut j = BytesMut::with_capacity(a.len() + b.len());
+                    j.extend_from_slice(&a);
+                    j.extend_from_slice(&b);
+                    j.freeze()
+                }
+            });
+        })?;
         if ack_after_input(conn, id, now, &limits, &mut self.out, &mut self.ack_owed) {
             self.conns.remove(&id);
         }
-        Ok(())
+        Ok(got)
     }
 
     /// The peer's close for `id` arrived; returns whether it is new (the

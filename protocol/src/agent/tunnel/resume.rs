@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use konn_frames::packet::{ByteStr, Packet};
 
 use super::{Action, Endpoint, Tunnel, UNKNOWN_CONNECT_ID};
@@ -127,24 +127,10 @@ impl Tunnel {
         let Some(s) = self.resume.as_mut() else {
             return Some(data);
         };
-        // Plain DATA delivers at most one slice (the payload itself, or
-        // all of it for an untracked connection); more (never produced by
-        // this wire) would be joined rather than lost.
-        let mut out: Option<Bytes> = None;
-        let res = s.received(now, connect_id, data, &mut |b: Bytes| {
-            out = Some(match out.take() {
-                None => b,
-                Some(a) => {
-                    let mut j = BytesMut::with_capacity(a.len() + b.len());
-                    j.extend_from_slice(&a);
-                    j.extend_from_slice(&b);
-                    j.freeze()
-                }
-            });
-        });
+        let res = s.received(now, connect_id, data);
         let flush = s.has_packets();
         let out = match res {
-            Ok(()) => out,
+            Ok(out) => out,
             Err(_) => {
                 self.resume_violation(connect_id);
                 None

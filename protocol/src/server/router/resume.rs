@@ -209,26 +209,20 @@ impl Router {
                 // The payload moves through the session and, in order,
                 // comes back as itself: no handle is cloned.
                 let whole = data.len();
-                let mut got: Option<Bytes> = None;
-                let res = s.received(now, connect_id, data, &mut |b: Bytes| {
-                    got = Some(match got.take() {
-                        None => b,
-                        Some(a) => join(&a, &b),
-                    });
-                });
+                let res = s.received(now, connect_id, data);
                 let armed = s.ack_timer_pending();
                 let flush = s.has_packets();
                 self.resume.timer_armed |= armed;
                 if flush {
                     self.flush_resume(id);
                 }
-                return match (res, got) {
-                    (Err(_), _) => {
+                return match res {
+                    Err(_) => {
                         self.resume_violation(now, id, connect_id);
                         None
                     }
-                    (Ok(()), None) => None, // a duplicate
-                    (Ok(()), Some(data)) if data.len() == whole => Some((
+                    Ok(None) => None, // a duplicate
+                    Ok(Some(data)) if data.len() == whole => Some((
                         Packet::Data {
                             connect_id,
                             error,
@@ -236,7 +230,7 @@ impl Router {
                         },
                         framed,
                     )),
-                    (Ok(()), Some(data)) => {
+                    Ok(Some(data)) => {
                         // Partly new (this wire does not produce it): the
                         // new part, re-encoded.
                         let p = Packet::Data {
@@ -504,13 +498,6 @@ fn encode(p: &Packet) -> Bytes {
     let mut b = BytesMut::with_capacity(p.encoded_len() + 5);
     p.encode_grpc(&mut b);
     b.freeze()
-}
-
-fn join(a: &Bytes, b: &Bytes) -> Bytes {
-    let mut j = BytesMut::with_capacity(a.len() + b.len());
-    j.extend_from_slice(a);
-    j.extend_from_slice(b);
-    j.freeze()
 }
 
 #[cfg(test)]
