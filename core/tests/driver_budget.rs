@@ -185,19 +185,25 @@ fn client(engine: Engine, addr: SocketAddr, msgs: usize) -> mpsc::Receiver<Optio
     rx
 }
 
-/// The status a client thread reported, waited for without blocking this
-/// thread's runtime (the server side runs on it).
-async fn status_of(rx: &mpsc::Receiver<Option<GrpcStatus>>) -> Option<GrpcStatus> {
+/// What another thread sends on `rx`, waited for without blocking this
+/// thread's runtime (the server side runs on it); panics naming `what`
+/// after 30 s.
+async fn recv_from<T>(rx: &mpsc::Receiver<T>, what: &str) -> T {
     let deadline = monoio::time::Instant::now() + Duration::from_secs(30);
     loop {
         match rx.try_recv() {
-            Ok(status) => return status,
+            Ok(v) => return v,
             Err(mpsc::TryRecvError::Empty) if monoio::time::Instant::now() < deadline => {
                 monoio::time::sleep(Duration::from_millis(5)).await;
             }
-            Err(e) => panic!("no status from the client: {e}"),
+            Err(e) => panic!("no {what}: {e}"),
         }
     }
+}
+
+/// The status a client thread reported.
+async fn status_of(rx: &mpsc::Receiver<Option<GrpcStatus>>) -> Option<GrpcStatus> {
+    recv_from(rx, "status from the client").await
 }
 
 /// The server side's pool: `BUDGET` buffers, taken one at a time.
@@ -360,14 +366,7 @@ fn an_idle_reader_holds_no_buffer() {
         let (s, _) = listener.accept().await.unwrap();
         let conn = server_conn(&seen);
         let task = monoio::spawn(conn.clone().run(s));
-        let deadline = monoio::time::Instant::now() + Duration::from_secs(20);
-        while acked_rx.try_recv().is_err() {
-            assert!(
-                monoio::time::Instant::now() < deadline,
-                "{engine}: no SETTINGS ACK"
-            );
-            monoio::time::sleep(Duration::from_millis(5)).await;
-        }
+        recv_from(&acked_rx, "SETTINGS ACK from the server").await;
         until(&seen, "the idle reader to give its buffer back", || {
             pool.reclaim();
             pool.stats().in_use == 0

@@ -607,13 +607,12 @@ impl BufPool {
     /// core, none while the budget is under pressure; others are freed, and
     /// so are spares no reader took during a maintenance interval (an idle
     /// core holds none).
-    pub fn put_scratch(&self, mut b: BytesMut) {
+    pub fn put_scratch(&self, b: BytesMut) {
         if !b.is_empty() || b.capacity() == 0 {
             return;
         }
         let mut pool = self.inner.borrow_mut();
         if pool.scratch.len() < SCRATCH_KEEP && !pool.budget.under_pressure() {
-            b.clear();
             pool.scratch.push(b);
         }
     }
