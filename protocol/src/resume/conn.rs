@@ -70,22 +70,23 @@ impl ConnResume {
     /// messages) is recorded here, and the caller sends it now only while
     /// [`Live`](Phase::Live) — otherwise the replay does. Nothing is
     /// recorded after the close.
+    #[inline]
     pub fn send(&mut self, data: &Bytes) -> u64 {
         self.tx.push(data)
     }
 
-    /// A plain DATA payload arrived: see [`Receiver::data`].
+    /// A plain DATA payload arrived: the new bytes, see [`Receiver::data`].
+    #[inline]
     pub fn data(
         &mut self,
         now: Instant,
         data: Bytes,
         limits: &ResumeLimits,
-        deliver: &mut impl FnMut(Bytes),
-    ) -> Result<(), Error> {
+    ) -> Result<Option<Bytes>, Error> {
         if self.phase == Phase::Parked {
             return Err(violation("DATA for a parked connection"));
         }
-        self.rx.data(now, data, limits, deliver)
+        self.rx.data(now, data, limits)
     }
 
     /// A segment at an explicit offset arrived: see [`Receiver::segment`].

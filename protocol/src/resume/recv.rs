@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use super::{ResumeLimits, span, violation};
 use crate::Error;
@@ -29,6 +29,9 @@ pub struct Receiver {
     unacked_segments: u32,
     /// When the pending acknowledgement is due by time.
     ack_due: Option<Instant>,
+    /// When the pending acknowledgement is half due: from then on DATA
+    /// going the other way carries it ([`ack_ripe`](Self::ack_ripe)).
+    ack_ripe_at: Option<Instant>,
     /// Early segments by offset (all above `received` when not delivering).
     held: BTreeMap<u64, Bytes>,
     /// Bytes in `held`.
@@ -53,6 +56,7 @@ impl Receiver {
             ack_sent: 0,
             unacked_segments: 0,
             ack_due: None,
+            ack_ripe_at: None,
             held: BTreeMap::new(),
             held_len: 0,
             fin_at: None,
@@ -60,15 +64,53 @@ impl Receiver {
     }
 
     /// A plain DATA payload: the segment at the cursor (which then moves
-    /// past it). See [`segment`](Self::segment).
+    /// past it). Returns the new bytes: in order (the usual case, and the
+    /// only one on a wire without replays) the payload itself, with no
+    /// handle cloned and no closure; nothing for a duplicate; and should
+    /// held segments follow it, all of them joined into one buffer. See
+    /// [`segment`](Self::segment).
+    #[inline]
     pub fn data(
         &mut self,
         now: Instant,
         data: Bytes,
         limits: &ResumeLimits,
-        deliver: &mut impl FnMut(Bytes),
-    ) -> Result<(), Error> {
-        self.segment(now, self.cursor, data, limits, deliver)
+    ) -> Result<Option<Bytes>, Error> {
+        if self.cursor == self.received && self.held_len == 0 && self.fin_at.is_none() {
+            if data.is_empty() {
+                return Ok(None);
+            }
+            self.received = self.received.saturating_add(data.len() as u64);
+            self.cursor = self.received;
+            self.note_segment(now, limits);
+            return Ok(Some(data));
+        }
+        self.data_joined(now, data, limits)
+    }
+
+    /// [`data`](Self::data) past a resume: through
+    /// [`segment`](Self::segment), its deliveries joined.
+    #[cold]
+    #[inline(never)]
+    fn data_joined(
+        &mut self,
+        now: Instant,
+        data: Bytes,
+        limits: &ResumeLimits,
+    ) -> Result<Option<Bytes>, Error> {
+        let mut got: Option<Bytes> = None;
+        self.segment(now, self.cursor, data, limits, &mut |b: Bytes| {
+            got = Some(match got.take() {
+                None => b,
+                Some(a) => {
+                    let mut j = BytesMut::with_capacity(a.len() + b.len());
+                    j.extend_from_slice(&a);
+                    j.extend_from_slice(&b);
+                    j.freeze()
+                }
+            });
+        })?;
+        Ok(got)
     }
 
     /// The segment of the stream at `offset`: delivers (through
@@ -143,6 +185,7 @@ impl Receiver {
             // Due at once: the peer forgets the connection once this is
             // acknowledged.
             self.ack_due = Some(now);
+            self.ack_ripe_at = Some(now);
         }
     }
 
@@ -195,10 +238,19 @@ impl Receiver {
     /// Arms the acknowledgement after bytes arrived.
     fn note_received(&mut self, now: Instant, before: u64, limits: &ResumeLimits) {
         if self.received > before {
-            self.unacked_segments = self.unacked_segments.saturating_add(1);
-            if self.ack_due.is_none() {
-                self.ack_due = Some(now.checked_add(limits.ack_delay).unwrap_or(now));
-            }
+            self.note_segment(now, limits);
+        }
+    }
+
+    /// Counts one segment of new bytes; the first after an acknowledgement
+    /// arms its deadline, and when it becomes worth carrying along
+    /// ([`ack_ripe`](Self::ack_ripe): half the delay, computed here once
+    /// rather than on every DATA sent).
+    fn note_segment(&mut self, now: Instant, limits: &ResumeLimits) {
+        self.unacked_segments = self.unacked_segments.saturating_add(1);
+        if self.ack_due.is_none() {
+            self.ack_due = Some(now.checked_add(limits.ack_delay).unwrap_or(now));
+            self.ack_ripe_at = Some(now.checked_add(limits.ack_delay / 2).unwrap_or(now));
         }
     }
 
@@ -225,14 +277,13 @@ impl Receiver {
     /// ACK by [`poll_ack`](Self::poll_ack) in time.
     pub fn ack_ripe(&self, now: Option<Instant>, limits: &ResumeLimits) -> bool {
         let pending = self.received.saturating_sub(self.ack_sent);
-        let half_delay = limits.ack_delay / 2;
         pending > 0
             && (pending.saturating_mul(2) >= limits.ack_bytes.max(1)
                 || self.unacked_segments.saturating_mul(2) >= limits.ack_segments.max(1)
                 || self
-                    .ack_due
+                    .ack_ripe_at
                     .zip(now)
-                    .is_some_and(|(due, now)| now.checked_add(half_delay).is_none_or(|t| t >= due)))
+                    .is_some_and(|(ripe, now)| now >= ripe))
     }
 
     /// Counts everything received as acknowledged and returns the offset
@@ -241,6 +292,7 @@ impl Receiver {
         self.ack_sent = self.received;
         self.unacked_segments = 0;
         self.ack_due = None;
+        self.ack_ripe_at = None;
         self.received
     }
 
@@ -262,6 +314,7 @@ impl Receiver {
         self.held_len = 0;
         self.cursor = self.received;
         self.ack_due = None;
+        self.ack_ripe_at = None;
     }
 
     /// Everything below this offset was delivered.

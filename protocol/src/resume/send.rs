@@ -87,6 +87,7 @@ impl ReplayBuffer {
     /// keeps a reference to `data` (a copy if it is small, see
     /// [`COPY_MAX`]) until the peer acknowledges it. Nothing is recorded
     /// after the close (a caller bug, ignored).
+    #[inline]
     pub fn push(&mut self, data: &Bytes) -> u64 {
         let offset = self.sent;
         if data.is_empty() || self.fin {

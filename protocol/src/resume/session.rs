@@ -6,7 +6,7 @@ use crate::maps::{IdMap, IdSet};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use konn_frames::packet::Packet;
 
 use super::{ConnResume, Phase, ResumeLimits, violation};
@@ -129,11 +129,10 @@ impl ResumeSession {
         if let Some(now) = now {
             self.now = Some(self.now.map_or(now, |t| t.max(now)));
         }
-        let (now, limits) = (self.now, self.limits);
-        let conn = self.conn_mut(id)?;
+        let conn = self.conns.get_mut(&id).ok_or(UNKNOWN)?;
         conn.send(data);
         let live = conn.phase() == Phase::Live;
-        if let Some(offset) = conn.piggyback_ack(now, &limits) {
+        if let Some(offset) = conn.piggyback_ack(self.now, &self.limits) {
             self.out.push_back(ack_packet(id, offset));
         }
         Ok(live)
@@ -168,24 +167,19 @@ impl ResumeSession {
     /// does not track has no resume state: its payload comes back as is
     /// (one lookup per packet either way).
     pub fn received(&mut self, now: Instant, id: i64, data: Bytes) -> Result<Option<Bytes>, Error> {
-        let limits = self.limits;
         self.now = Some(now);
         let Some(conn) = self.conns.get_mut(&id) else {
             return Ok(Some(data));
         };
-        let mut got: Option<Bytes> = None;
-        conn.data(now, data, &limits, &mut |b: Bytes| {
-            got = Some(match got.take() {
-                None => b,
-                Some(a) => {
-                    let mut j = BytesMut::with_capacity(a.len() + b.len());
-                    j.extend_from_slice(&a);
-                    j.extend_from_slice(&b);
-                    j.freeze()
-                }
-            });
-        })?;
-        if ack_after_input(conn, id, now, &limits, &mut self.out, &mut self.ack_owed) {
+        let got = conn.data(now, data, &self.limits)?;
+        if ack_after_input(
+            conn,
+            id,
+            now,
+            &self.limits,
+            &mut self.out,
+            &mut self.ack_owed,
+        ) {
             self.conns.remove(&id);
         }
         Ok(got)
@@ -411,10 +405,6 @@ impl ResumeSession {
         self.conns.values().map(ConnResume::held_bytes).sum()
     }
 
-    fn conn_mut(&mut self, id: i64) -> Result<&mut ConnResume, Error> {
-        self.conns.get_mut(&id).ok_or(UNKNOWN)
-    }
-
     #[doc(hidden)]
     /// The invariants of every connection.
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -430,6 +420,7 @@ impl ResumeSession {
 /// due by size (or a close), else it waits in the timer list `owed` —
 /// constant work per packet, with the entry in hand (no second lookup).
 /// Returns whether the connection is finished and may be forgotten.
+#[inline]
 fn ack_after_input(
     conn: &mut ConnResume,
     id: i64,
