@@ -254,6 +254,36 @@ fn a_session_queues_the_piggybacked_ack_with_the_data() {
 }
 
 #[test]
+fn one_timer_wake_sends_the_acks_falling_due_soon_after() {
+    let t0 = test_epoch();
+    let l = limits();
+    let mut s = ResumeSession::new(l);
+    for id in [1, 2, 3] {
+        s.open(id);
+    }
+    // Owed ACKs due at t0 + delay, an eighth of it later, and half later.
+    s.received(t0, 1, Bytes::from_static(b"a")).unwrap();
+    s.received(t0 + l.ack_delay / 8, 2, Bytes::from_static(b"b"))
+        .unwrap();
+    s.received(t0 + l.ack_delay / 2, 3, Bytes::from_static(b"c"))
+        .unwrap();
+    assert_eq!(s.poll_timeout(), Some(t0 + l.ack_delay));
+    s.handle_timeout(t0 + l.ack_delay);
+    let acked: Vec<i64> = std::iter::from_fn(|| s.poll_packet())
+        .map(|p| match p {
+            Packet::Ack { connect_id, .. } => connect_id,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        acked,
+        vec![1, 2],
+        "the first, and the one a quarter delay later"
+    );
+    assert_eq!(s.poll_timeout(), Some(t0 + l.ack_delay / 2 + l.ack_delay));
+}
+
+#[test]
 fn a_resume_replays_from_the_peers_offset() {
     let t0 = test_epoch();
     let l = limits();
