@@ -98,17 +98,18 @@ pub struct ResumeLimits {
 impl ResumeLimits {
     /// The limits for a per-connection queue size `queue`
     /// (`--conn-queue-size`): ACK every q/16 (64 KiB by default), every 32
-    /// segments or 100 ms (data going the other way carries it once half
-    /// due, so request/response traffic acknowledges every few exchanges
-    /// inside its DATA writes, with no timer or wake-up of its own), hold
-    /// and replay at most 4q (the flow-control limit), a close
-    /// unacknowledged for 30 s forgotten.
+    /// segments or 500 ms (data going the other way carries it once half
+    /// due, so request/response traffic acknowledges every 16 exchanges or
+    /// every 250 ms inside its DATA writes, with no timer or wake-up of its
+    /// own; the delay bounds only how long a connection that went quiet
+    /// keeps its last few segments for replay), hold and replay at most 4q
+    /// (the flow-control limit), a close unacknowledged for 30 s forgotten.
     pub fn from_queue_size(queue: usize) -> Self {
         let q = queue.max(16 << 10);
         Self {
             ack_bytes: (q / 16) as u64,
             ack_segments: 32,
-            ack_delay: Duration::from_millis(100),
+            ack_delay: Duration::from_millis(500),
             hold_limit: q.saturating_mul(4),
             replay_limit: q.saturating_mul(4) as u64,
             close_linger: Duration::from_secs(30),
