@@ -246,9 +246,8 @@ impl ResumeSession {
     /// times per delay however many connections owe ACKs. (Most owed ACKs
     /// ride on DATA going the other way before they are due, after the
     /// driver's timer was set for them: woken for each, it would mostly
-    /// find nothing to do — at 1000 messages/s over 16 connections about
-    /// one wake-up per four messages on each side.) Walks the timer list
-    /// once (the timer path, not per packet).
+    /// find nothing to do.) Walks the timer list once (the timer path, not
+    /// per packet).
     pub fn handle_timeout(&mut self, now: Instant) {
         let limits = self.limits;
         self.now = Some(now);
