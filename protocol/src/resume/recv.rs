@@ -27,11 +27,8 @@ pub struct Receiver {
     ack_sent: u64,
     /// Segments delivered since then.
     unacked_segments: u32,
-    /// When the pending acknowledgement is due by time.
-    ack_due: Option<Instant>,
-    /// When the pending acknowledgement is half due: from then on DATA
-    /// going the other way carries it ([`ack_ripe`](Self::ack_ripe)).
-    ack_ripe_at: Option<Instant>,
+    /// When the pending acknowledgement ripens and falls due by time.
+    ack_at: Option<AckTimes>,
     /// Early segments by offset (all above `received` when not delivering).
     held: BTreeMap<u64, Bytes>,
     /// Bytes in `held`.
@@ -39,6 +36,16 @@ pub struct Receiver {
     /// The offset of the peer's close, once it arrived. The close counts
     /// as one unit: delivered (and acknowledged) as `received` passes it.
     fin_at: Option<u64>,
+}
+
+/// When an armed acknowledgement becomes worth carrying along with DATA
+/// going the other way (half the delay: [`Receiver::ack_ripe`], fixed when
+/// armed rather than computed on every DATA sent) and when it is due by
+/// time.
+#[derive(Clone, Copy, Debug)]
+struct AckTimes {
+    ripe: Instant,
+    due: Instant,
 }
 
 impl Default for Receiver {
@@ -55,8 +62,7 @@ impl Receiver {
             cursor: 0,
             ack_sent: 0,
             unacked_segments: 0,
-            ack_due: None,
-            ack_ripe_at: None,
+            ack_at: None,
             held: BTreeMap::new(),
             held_len: 0,
             fin_at: None,
@@ -184,8 +190,10 @@ impl Receiver {
             self.received = self.received.saturating_add(1);
             // Due at once: the peer forgets the connection once this is
             // acknowledged.
-            self.ack_due = Some(now);
-            self.ack_ripe_at = Some(now);
+            self.ack_at = Some(AckTimes {
+                ripe: now,
+                due: now,
+            });
         }
     }
 
@@ -248,9 +256,12 @@ impl Receiver {
     /// rather than on every DATA sent).
     fn note_segment(&mut self, now: Instant, limits: &ResumeLimits) {
         self.unacked_segments = self.unacked_segments.saturating_add(1);
-        if self.ack_due.is_none() {
-            self.ack_due = Some(now.checked_add(limits.ack_delay).unwrap_or(now));
-            self.ack_ripe_at = Some(now.checked_add(limits.ack_delay / 2).unwrap_or(now));
+        if self.ack_at.is_none() {
+            let after = |d| now.checked_add(d).unwrap_or(now);
+            self.ack_at = Some(AckTimes {
+                ripe: after(limits.ack_delay / 2),
+                due: after(limits.ack_delay),
+            });
         }
     }
 
@@ -262,7 +273,7 @@ impl Receiver {
         let pending = self.received.saturating_sub(self.ack_sent);
         let due = pending >= limits.ack_bytes.max(1)
             || self.unacked_segments >= limits.ack_segments.max(1)
-            || self.ack_due.is_some_and(|t| t <= now);
+            || self.ack_at.is_some_and(|t| t.due <= now);
         if pending == 0 || !due {
             return None;
         }
@@ -280,10 +291,7 @@ impl Receiver {
         pending > 0
             && (pending.saturating_mul(2) >= limits.ack_bytes.max(1)
                 || self.unacked_segments.saturating_mul(2) >= limits.ack_segments.max(1)
-                || self
-                    .ack_ripe_at
-                    .zip(now)
-                    .is_some_and(|(ripe, now)| now >= ripe))
+                || self.ack_at.zip(now).is_some_and(|(t, now)| now >= t.ripe))
     }
 
     /// Counts everything received as acknowledged and returns the offset
@@ -291,8 +299,7 @@ impl Receiver {
     pub fn mark_acked(&mut self) -> u64 {
         self.ack_sent = self.received;
         self.unacked_segments = 0;
-        self.ack_due = None;
-        self.ack_ripe_at = None;
+        self.ack_at = None;
         self.received
     }
 
@@ -303,7 +310,9 @@ impl Receiver {
 
     /// When [`poll_ack`](Self::poll_ack) has something to send by time.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.ack_due.filter(|_| self.received > self.ack_sent)
+        self.ack_at
+            .filter(|_| self.received > self.ack_sent)
+            .map(|t| t.due)
     }
 
     /// The tunnel broke: held segments are dropped (the replay brings them
@@ -313,8 +322,7 @@ impl Receiver {
         self.held = BTreeMap::new();
         self.held_len = 0;
         self.cursor = self.received;
-        self.ack_due = None;
-        self.ack_ripe_at = None;
+        self.ack_at = None;
     }
 
     /// Everything below this offset was delivered.

@@ -427,7 +427,6 @@ impl ResumeSession {
 /// due by size (or a close), else it waits in the timer list `owed` —
 /// constant work per packet, with the entry in hand (no second lookup).
 /// Returns whether the connection is finished and may be forgotten.
-#[inline]
 fn ack_after_input(
     conn: &mut ConnResume,
     id: i64,
