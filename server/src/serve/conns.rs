@@ -102,23 +102,47 @@ async fn admit_by_sni(
     }
 }
 
-pub(super) async fn serve_agent(worker: Rc<Worker>, mut sock: TcpStream) {
-    let (cluster, input) = if worker.settings.multi_cluster() {
-        match admit_by_sni(&worker, &mut sock).await {
-            Ok(admitted) => admitted,
-            Err(why) => {
-                tracing::debug!(reason = why.label(), "agent connection refused before TLS");
-                worker.all_metrics.sni_refusal(why.label());
-                return;
-            }
-        }
-    } else {
-        match worker.first_cluster() {
-            Some(c) => (c, BytesMut::new()),
-            None => return,
+/// Serve a connection accepted on the agent port: spawn its task. Without
+/// `--clusters-config` the set-up is synchronous and the task is the
+/// driver loop alone ([`run_agent`]); with it, the ClientHello is read
+/// first, in a boxed future that is gone once the cluster is known, so the
+/// task keeps no room for it while the tunnel lives.
+pub(super) fn serve_agent(worker: &Rc<Worker>, sock: TcpStream) {
+    if worker.settings.multi_cluster() {
+        worker.spawn(admit_agent(worker.clone(), sock));
+        return;
+    }
+    let Some(cluster) = worker.first_cluster() else {
+        return;
+    };
+    if let Some(run) = start_agent(worker.clone(), cluster, sock, BytesMut::new()) {
+        worker.spawn(run);
+    }
+}
+
+/// `--clusters-config`: admit by SNI, then run the connection.
+async fn admit_agent(worker: Rc<Worker>, mut sock: TcpStream) {
+    let (cluster, input) = match Box::pin(admit_by_sni(&worker, &mut sock)).await {
+        Ok(admitted) => admitted,
+        Err(why) => {
+            tracing::debug!(reason = why.label(), "agent connection refused before TLS");
+            worker.all_metrics.sni_refusal(why.label());
+            return;
         }
     };
-    let s = &worker.settings;
+    if let Some(run) = start_agent(worker, cluster, sock, input) {
+        run.await;
+    }
+}
+
+/// The TLS layer and the gRPC session of a new agent connection, and its
+/// driver loop; `None` when TLS cannot be set up.
+fn start_agent(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    sock: TcpStream,
+    input: BytesMut,
+) -> Option<impl Future<Output = ()> + 'static> {
     let tls = match cluster
         .settings
         .agents
@@ -130,15 +154,16 @@ pub(super) async fn serve_agent(worker: Rc<Worker>, mut sock: TcpStream) {
         Ok(t) => t,
         Err(e) => {
             tracing::warn!(error = %e, "agent TLS setup failed");
-            return;
+            return None;
         }
     };
+    let s = &worker.settings;
     let grpc = Grpc::new(
         Connection::new(s.agent_h2(), konn_core::io::clock::now()),
         s.max_message,
     );
     let input = (input, BytesMut::new());
-    Box::pin(run_agent(
+    Some(run_agent(
         worker,
         cluster,
         sock,
@@ -147,13 +172,17 @@ pub(super) async fn serve_agent(worker: Rc<Worker>, mut sock: TcpStream) {
         input,
         Vec::new(),
     ))
-    .await;
 }
 
 /// Run an agent connection; `stashed` are the events of one that moved
 /// here (it moves at most once: to the worker that parked the tunnel its
 /// resume token names, see `crate::agents`).
-async fn run_agent(
+///
+/// As [`run_grpc_frontend`]: the set-up is synchronous and only the driver
+/// loop is a future, so the tunnel's task keeps no room for `grpc`, `tls` and `input` after they moved into
+/// the driver, and the outcome (a whole detached connection when it moves)
+/// is handled by [`after_agent`] outside the future.
+fn run_agent(
     worker: Rc<Worker>,
     cluster: Rc<Cluster>,
     sock: TcpStream,
@@ -161,7 +190,7 @@ async fn run_agent(
     tls: Option<TlsLayer>,
     input: (BytesMut, BytesMut),
     stashed: Vec<konn_protocol::grpc::GrpcEvent>,
-) {
+) -> impl Future<Output = ()> + 'static {
     let s = &worker.settings;
     let outbox = Rc::new(Outbox::new());
     let handler = AgentConn::new(worker.clone(), cluster.clone(), outbox.clone());
@@ -179,54 +208,70 @@ async fn run_agent(
             }
         });
     }
-    let outcome = handle.run_detachable(sock).await;
-    cluster.untrack(&worker, id);
-    match outcome {
-        Ok(Some(detached)) => {
-            let Some(plan) = plan.borrow_mut().take() else {
-                return;
-            };
-            match detach_tcp(detached.io) {
-                Ok(fd) => {
-                    let m = Migrant {
-                        cluster: cluster.id,
-                        fd: MovingFd::Tcp(fd),
-                        kind: MigrantKind::Agent {
-                            session: Box::new(detached.session),
-                            tls: detached.tls,
-                            input: detached.input,
-                            stashed: plan.stashed,
-                        },
-                    };
-                    if worker
-                        .out
-                        .send(plan.target, Msg::Adopt(Box::new(m)))
-                        .is_err()
-                    {
-                        tracing::debug!(
-                            worker = plan.target,
-                            "agent connection not handed to a stopped worker"
-                        );
-                    }
-                }
-                Err((io, e)) => {
-                    // Served here: its token finds nothing to resume here.
-                    tracing::debug!(error = %e, "agent connection cannot move; serving it here");
-                    let here = run_agent(
-                        worker.clone(),
-                        cluster.clone(),
-                        io,
-                        detached.session,
-                        detached.tls,
-                        detached.input,
-                        plan.stashed,
-                    );
-                    Box::pin(here).await;
-                }
-            }
+    async move {
+        let outcome = handle.run_detachable(sock).await;
+        cluster.untrack(&worker, id);
+        if let Some(here) = after_agent(worker, cluster, outcome, &plan) {
+            here.await;
         }
-        Ok(None) => {}
-        Err(e) => tracing::debug!(error = %e, "agent connection ended"),
+    }
+}
+
+/// What follows an agent connection's driver loop: nothing, a move to the
+/// worker that parked its tunnel, or — when the socket cannot move —
+/// serving it here after all (the returned future).
+fn after_agent(
+    worker: Rc<Worker>,
+    cluster: Rc<Cluster>,
+    outcome: Result<Option<Detached<TcpStream, Grpc>>, Error>,
+    plan: &RefCell<Option<AgentPlan>>,
+) -> Option<Pin<Box<dyn Future<Output = ()>>>> {
+    let detached = match outcome {
+        Ok(Some(detached)) => detached,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::debug!(error = %e, "agent connection ended");
+            return None;
+        }
+    };
+    let plan = plan.borrow_mut().take()?;
+    match detach_tcp(detached.io) {
+        Ok(fd) => {
+            let m = Migrant {
+                cluster: cluster.id,
+                fd: MovingFd::Tcp(fd),
+                kind: MigrantKind::Agent {
+                    session: Box::new(detached.session),
+                    tls: detached.tls,
+                    input: detached.input,
+                    stashed: plan.stashed,
+                },
+            };
+            if worker
+                .out
+                .send(plan.target, Msg::Adopt(Box::new(m)))
+                .is_err()
+            {
+                tracing::debug!(
+                    worker = plan.target,
+                    "agent connection not handed to a stopped worker"
+                );
+            }
+            None
+        }
+        Err((io, e)) => {
+            // Served here: its token finds nothing to resume here.
+            tracing::debug!(error = %e, "agent connection cannot move; serving it here");
+            Some(Box::pin(run_agent(
+                worker,
+                cluster,
+                io,
+                detached.session,
+                detached.tls,
+                detached.input,
+                plan.stashed,
+            )))
+        }
     }
 }
 
@@ -546,10 +591,7 @@ pub(super) fn adopt(worker: &Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, M
                 stashed,
             },
         ) => match f.attach() {
-            // Boxed: the agent connection's state sizes its task.
-            Ok(sock) => worker.spawn(Box::pin(run_agent(
-                w, cluster, sock, *session, tls, input, stashed,
-            ))),
+            Ok(sock) => worker.spawn(run_agent(w, cluster, sock, *session, tls, input, stashed)),
             Err(e) => tracing::warn!(error = %e, "could not adopt an agent connection"),
         },
         (MovingFd::Unix(_), MigrantKind::Agent { .. }) => {
@@ -568,5 +610,80 @@ pub(super) fn adopt(worker: &Rc<Worker>, m: Migrant, migrate: Rc<dyn Fn(usize, M
                 Err(e) => tracing::warn!(error = %e, "could not adopt a CONNECT connection"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use konn_core::io::pool::{BufPool, MemoryBudget, PoolConfig};
+    use konn_core::io::runtime::{Engine, block_on};
+
+    use super::*;
+    use crate::metrics::ServerMetrics;
+    use crate::settings::{FrontendListen, Mode, ServerSettings};
+    use crate::worker::Shared;
+
+    /// An agent tunnel's task is its driver loop alone: it keeps no room
+    /// for the gRPC session and the TLS layer that moved into the driver.
+    /// As an `async fn` taking them, `run_agent` kept both slots for the
+    /// tunnel's life (with the accept task, 9 of S9's 23.6 KiB per tunnel).
+    #[test]
+    fn an_agent_task_keeps_no_room_for_what_moved_into_the_driver() {
+        let settings = Arc::new(ServerSettings::for_tests(
+            FrontendListen::Unix("/nonexistent".into()),
+            Mode::Grpc,
+        ));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let peer =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (accepted, _) = listener.accept().expect("accept");
+        let metrics = ServerMetrics::new(1);
+        let budget = MemoryBudget::new(1 << 20);
+        let worker = Rc::new(Worker::new(
+            0,
+            1,
+            settings.clone(),
+            BufPool::new(&budget, &PoolConfig::default()),
+            Arc::new(Shared::default()),
+            1,
+            metrics.clone(),
+            konn_core::io::xcore::Mesh::new(1, 16).sender(),
+        ));
+        let cluster = Cluster::new(
+            1,
+            0,
+            Arc::new(settings.implicit_cluster()),
+            metrics.core(0).expect("slab"),
+            metrics,
+            None,
+        );
+        worker.add_cluster(cluster.clone());
+        let size = block_on(Engine::Epoll, async move {
+            let sock = TcpStream::from_std(accepted).expect("monoio socket");
+            let grpc = Grpc::new(
+                Connection::new(settings.agent_h2(), konn_core::io::clock::now()),
+                settings.max_message,
+            );
+            let task = run_agent(
+                worker,
+                cluster,
+                sock,
+                grpc,
+                None,
+                (BytesMut::new(), BytesMut::new()),
+                Vec::new(),
+            );
+            size_of_val(&task)
+        })
+        .expect("runtime");
+        drop(peer);
+        assert!(
+            size < size_of::<Grpc>() && size < size_of::<TlsLayer>(),
+            "the agent task is {size} bytes: it holds room for the session ({}) or TLS ({})",
+            size_of::<Grpc>(),
+            size_of::<TlsLayer>()
+        );
     }
 }

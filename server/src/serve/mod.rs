@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use crossbeam_utils::atomic::AtomicCell;
 
-use crate::agents::AgentConn;
+use crate::agents::{AgentConn, AgentPlan};
 use crate::cluster::{Cluster, ClusterId};
 pub use crate::clusters::reload::{ClusterListeners, ClusterStart};
 use crate::clusters::reload::{Control, ReloadSummary, WATCH_INTERVAL, Watcher};
@@ -475,7 +475,7 @@ async fn worker_main(
         worker.spawn(async move {
             let _ = accept_loop(&l, &s, |sock: TcpStream| {
                 let _ = sock.set_nodelay(true);
-                w.spawn(serve_agent(w.clone(), sock));
+                serve_agent(&w, sock);
             })
             .await;
         });
