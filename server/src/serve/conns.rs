@@ -179,9 +179,10 @@ fn start_agent(
 /// resume token names, see `crate::agents`).
 ///
 /// As [`run_grpc_frontend`]: the set-up is synchronous and only the driver
-/// loop is a future, so the tunnel's task keeps no room for `grpc`, `tls` and `input` after they moved into
-/// the driver, and the outcome (a whole detached connection when it moves)
-/// is handled by [`after_agent`] outside the future.
+/// loop is a future, so the tunnel's task keeps no room for `grpc`, `tls`
+/// and `input` after they moved into the driver, and the outcome (a whole
+/// detached connection when it moves) is handled by [`after_agent`]
+/// outside the future.
 fn run_agent(
     worker: Rc<Worker>,
     cluster: Rc<Cluster>,
