@@ -391,7 +391,18 @@ impl EngineRuntime {
     pub(super) fn block_on<F: Future>(&mut self, future: F) -> F::Output {
         let _current = CurrentEngineGuard::set(self.engine());
         match self {
-            Self::IoUring(rt) => rt.block_on(future),
+            // The data ring (`io::uring`) lives as long as this `block_on`:
+            // it is set up on the runtime's thread before the future runs
+            // and closed after it, while the runtime can still reap.
+            Self::IoUring(rt) => rt.block_on(async move {
+                let ring = super::uring::Ring::start();
+                let out = future.await;
+                if let Some(ring) = ring {
+                    ring.close().await;
+                    settle_io().await;
+                }
+                out
+            }),
             Self::Epoll(rt) => rt.block_on(future),
         }
     }

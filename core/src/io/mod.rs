@@ -23,6 +23,9 @@
 //!   socket with reader and writer tasks and one [`timers::Deadline`] (the
 //!   thread's timer calls back when it passes); [`notify`] wakes the tasks
 //!   and [`clock`] is where drivers read the time and draw seeds.
+//! - [`uring`]: konn's own io_uring for the data-path sockets under the
+//!   io_uring engine (multishot receive into provided buffers lent by the
+//!   pool, batched submission).
 //! - [`resolve`]: dial addresses to sockets (DNS on the blocking pool) with
 //!   Go's error wording.
 //!
@@ -44,4 +47,5 @@ pub mod sock;
 pub mod stop;
 pub mod timers;
 pub mod tls;
+pub mod uring;
 pub mod xcore;

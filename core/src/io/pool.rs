@@ -548,6 +548,14 @@ impl BufPool {
             .ok_or(Error::BufferBudgetExhausted)
     }
 
+    /// [`try_acquire_size`](Self::try_acquire_size) without counting a
+    /// refusal in `exhausted` (the io_uring data ring tops its provided
+    /// buffers up after every batch of completions; a reader that then
+    /// has to wait is counted by [`wait_for`](Self::wait_for)'s caller).
+    pub fn try_acquire_quiet(&self, size: Size) -> Option<BytesMut> {
+        self.inner.borrow_mut().acquire(size, false)
+    }
+
     /// After a refused [`try_acquire_size`](Self::try_acquire_size): waits
     /// for a buffer of `size` as [`acquire`](Self::acquire) does, without
     /// counting the refusal twice.
@@ -615,6 +623,12 @@ impl BufPool {
         if pool.scratch.len() < SCRATCH_KEEP && !pool.budget.under_pressure() {
             pool.scratch.push(b);
         }
+    }
+
+    /// How long [`acquire`](Self::acquire) waits at most
+    /// ([`PoolConfig::acquire_timeout`]).
+    pub fn acquire_timeout(&self) -> Duration {
+        self.inner.borrow().acquire_timeout
     }
 
     /// Full pass: moves every returned buffer to the idle list, frees idle
