@@ -3,14 +3,14 @@
 //!
 //! ```text
 //! konn-bench compare [--quick] [--reps N] [--upstream DIR] [--konn DIR]
-//!                    [--engines io-uring[:SETUP],epoll] [--idle N] [--only S1,S3,…]
+//!                    [--engines io-uring[:OPTS],epoll] [--idle N] [--only S1,S3,…]
 //!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--min-s4 RATIO] [--no-pin]
 //!                    [--also NAME=DIR:ENGINE[:FLAG,FLAG…]]...
 //! konn-bench idle [--connections N] [--hold SECS] [--impl NAME=DIR[:FLAG,FLAG…]]...
 //! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 //! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
 //!                   [--profile DIR [--runs idle,dials,…]]
-//!                   [--kernel io-uring,epoll] [--guarded] [--flags FLAG,FLAG…]
+//!                   [--kernel io-uring[:OPTS],epoll] [--guarded] [--flags FLAG,FLAG…]
 //! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
 //! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
 //! konn-bench soak [--minutes N] [--restart-every SECS] [--konn DIR] [--out DIR]
@@ -153,16 +153,24 @@ impl Drop for WorkDir {
 }
 
 /// konn's binaries in `dir` with one worker; `engine` is an `--io-engine`
-/// value, optionally followed by `:SETUP` to pick the io_uring ring setup
-/// (`KONN_IO_URING_SETUP`: `defer`, `coop`, `plain`) for a comparison.
+/// value, optionally followed by `:OPTS` for a comparison: `+`-separated
+/// ring setups (`KONN_IO_URING_SETUP`: `defer`, `coop`, `plain`), `monoio`
+/// (`KONN_IO_URING_DATA=monoio`: data sockets on monoio's ring instead of
+/// konn's data ring) and `NAME=VALUE` environment variables, e.g.
+/// `io-uring:coop+monoio`.
 fn konn_bins(name: &str, dir: &Path, engine: Option<&str>) -> Binaries {
     let mut b = Binaries::in_dir(name, dir);
     let mut flags = vec!["--workers=1".to_owned()];
     if let Some(e) = engine {
-        let (e, setup) = e.split_once(':').map_or((e, None), |(e, s)| (e, Some(s)));
+        let (e, opts) = e.split_once(':').map_or((e, None), |(e, s)| (e, Some(s)));
         flags.push(format!("--io-engine={e}"));
-        if let Some(setup) = setup {
-            b.env.push(("KONN_IO_URING_SETUP".into(), setup.into()));
+        for opt in opts.into_iter().flat_map(|o| o.split('+')) {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k, v),
+                None if opt == "monoio" => ("KONN_IO_URING_DATA", opt),
+                None => ("KONN_IO_URING_SETUP", opt),
+            };
+            b.env.push((k.into(), v.into()));
         }
     }
     b.server_flags = flags.clone();

@@ -271,11 +271,18 @@ const EVENTS: [&str; 5] = [
 ];
 
 impl PerfStat {
+    /// Counts [`EVENTS`], and the events named in the environment
+    /// variable `KONN_BENCH_PERF_EVENTS` (comma-separated, e.g.
+    /// `syscalls:sys_enter_io_uring_enter`: which system calls).
     fn attach(pid: u32, out: &Path) -> Result<Self, Error> {
+        let mut events = EVENTS.join(",");
+        if let Ok(extra) = std::env::var("KONN_BENCH_PERF_EVENTS") {
+            events = format!("{events},{extra}");
+        }
         let child = std::process::Command::new("perf")
             .args(["stat", "-x", ",", "-o"])
             .arg(out)
-            .args(["-e", &EVENTS.join(","), "-p", &pid.to_string()])
+            .args(["-e", &events, "-p", &pid.to_string()])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
