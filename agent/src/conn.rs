@@ -51,15 +51,12 @@ use konn_protocol::server::limits::Refusal;
 use crate::allow::DialOutcome;
 use crate::debug::EndpointInfo;
 use konn_core::io::runtime::{Either, race};
-use konn_core::io::sock;
+use konn_core::io::sock::{self, PacketRead, PacketWrite};
 use konn_frames::GrpcStatus;
-use konn_frames::packet::{self, MAX_DATA_PAYLOAD, Packet, PacketType};
+use konn_frames::packet::{self, Packet, PacketType};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::Headers;
 use konn_protocol::maps::IdMap;
-use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, Splitable};
-use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 use std::time::Instant;
 
 use konn_core::metrics::common::ResumeResult;
@@ -69,7 +66,7 @@ use konn_protocol::resume::ResumeToken;
 use crate::resume::ParkingLot;
 
 /// Room in front of a read for the gRPC prefix and the DATA packet header.
-const HEADROOM: usize = 32;
+const HEADROOM: usize = sock::PACKET_HEADROOM;
 
 /// The request metadata key (and response header) of konn's flow-control
 /// extension; its value is `1`. A Go peer ignores it.
@@ -714,7 +711,7 @@ impl TunnelHandler {
             self.ctx.observer.clone(),
         ));
         self.endpoints.insert(connect_id, ep.clone());
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = sock::packet_split(stream);
         monoio::spawn(read_endpoint(self.ctx.clone(), ep.clone(), rd));
         monoio::spawn(write_endpoint(self.ctx.clone(), ep, wr));
         if !std::mem::replace(&mut self.watching, true) {
@@ -1212,11 +1209,7 @@ fn stuck_tick(stuck_timeout: Duration) -> Duration {
 }
 
 /// Destination → tunnel.
-async fn read_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut rd: TcpOwnedReadHalf) {
-    // The last read filled its buffer: more is probably waiting (see
-    // `konn_core::io::sock::ReadReady` on why a drained socket must be
-    // asked precisely).
-    let mut full = false;
+async fn read_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut rd: PacketRead) {
     loop {
         if ep.closing.get() {
             return;
@@ -1244,35 +1237,15 @@ async fn read_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut rd: TcpOwnedReadHalf)
             race(ctx.writable.wait(), ep.stop_reader.notified()).await;
             continue;
         }
-        // Idle endpoints hold no buffer: wait for data first — unless the
-        // last read filled its buffer, when more is most likely waiting
-        // (io_uring: one poll operation less per read).
-        if !full
-            && let Either::Right(_) =
-                race(sock::readable(&rd, false), ep.stop_reader.notified()).await
-        {
-            return;
-        }
-        // The memory budget staying used up for the pool's whole deadline
-        // ends the connection like a read error.
-        let (res, mut buf) = match ctx.pool.acquire().await {
-            Ok(mut buf) => {
-                buf.resize(HEADROOM, 0);
-                let read = rd.read(buf.slice_mut(HEADROOM..HEADROOM + MAX_DATA_PAYLOAD));
-                match race(read, ep.stop_reader.notified()).await {
-                    Either::Left((res, slice)) => (res, slice.into_inner()),
-                    Either::Right(()) => return,
-                }
-            }
-            Err(_) => (Ok(0), BytesMut::new()),
+        // Idle endpoints hold no buffer (see `PacketRead::read`). The
+        // memory budget staying used up for the pool's whole deadline ends
+        // the connection like a read error.
+        let got = match race(rd.read(&ctx.pool), ep.stop_reader.notified()).await {
+            Either::Left(got) => got,
+            Either::Right(()) => return,
         };
-        let n = match res {
-            Ok(n) if n > 0 => {
-                full = n == MAX_DATA_PAYLOAD;
-                ep.from_destination
-                    .set(ep.from_destination.get() + n as u64);
-                n
-            }
+        let (n, mut buf) = match got {
+            Ok(Some(buf)) => (buf.len() - HEADROOM, buf),
             // EOF, a read error or no buffer: everything read so far is
             // already queued on the tunnel, so CLOSE_RSP follows it.
             _ => {
@@ -1285,6 +1258,8 @@ async fn read_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut rd: TcpOwnedReadHalf)
                 return;
             }
         };
+        ep.from_destination
+            .set(ep.from_destination.get() + n as u64);
         let hl = packet::data_header_len(ep.connect_id, n);
         let start = HEADROOM - hl;
         packet::encode_data_header(ep.connect_id, n, &mut &mut buf[start..HEADROOM]);
@@ -1316,7 +1291,7 @@ async fn read_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut rd: TcpOwnedReadHalf)
 /// Tunnel → destination. Every write's progress goes to the tunnel (see
 /// the module docs); an endpoint that makes no progress is aborted by the
 /// tunnel's stuck watch ([`watch_stuck`]), which ends this task.
-async fn write_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut wr: TcpOwnedWriteHalf) {
+async fn write_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut wr: PacketWrite) {
     'queue: loop {
         let next = ep.queue.borrow_mut().pop_front();
         let Some(mut data) = next else {
@@ -1330,7 +1305,7 @@ async fn write_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut wr: TcpOwnedWriteHal
             // A destination that stops reading blocks this write; the
             // tunnel's stuck watch aborts the endpoint, which ends it.
             let written = match race(wr.write(data.clone()), ep.abort.notified()).await {
-                Either::Left((r, _)) => r,
+                Either::Left(r) => r,
                 Either::Right(()) => break 'queue,
             };
             match written {

@@ -1,11 +1,117 @@
-//! Small socket helpers the drivers share.
+//! Small socket helpers the drivers share, and the packet sockets
+//! ([`packet_split`]): a destination socket read one DATA packet at a time,
+//! on the worker's io_uring data ring (`io::uring`) when it has one.
 
 use std::future::Future;
 use std::io;
 
-use monoio::io::OwnedReadHalf;
-use monoio::net::tcp::TcpOwnedReadHalf;
+use bytes::{Bytes, BytesMut};
+use konn_frames::packet::MAX_DATA_PAYLOAD;
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, Splitable};
+use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 use monoio::net::{TcpStream, UnixStream};
+
+use super::pool::BufPool;
+pub use super::uring::PACKET_HEADROOM;
+use super::uring::{self, RingRead, RingWrite};
+use crate::Error;
+
+/// The receiving half of a socket whose bytes travel as DATA packets (the
+/// agent's destinations): every read is one packet's payload, in a pooled
+/// buffer with room for the packet's header in front.
+pub enum PacketRead {
+    /// On monoio's operations. `full`: the last read filled its buffer.
+    Mono {
+        /// The socket's read half.
+        rd: TcpOwnedReadHalf,
+        /// The last read filled its buffer (more is probably waiting).
+        full: bool,
+    },
+    /// On the data ring (kernel-picked buffers).
+    Ring(RingRead),
+}
+
+/// The sending half of a packet socket.
+pub enum PacketWrite {
+    /// On monoio's operations.
+    Mono(TcpOwnedWriteHalf),
+    /// On the data ring.
+    Ring(RingWrite),
+}
+
+/// Splits `stream` into packet halves, on the worker's data ring when it
+/// has one.
+pub fn packet_split(stream: TcpStream) -> (PacketRead, PacketWrite) {
+    match uring::adopt(stream, true) {
+        Ok(ring) => {
+            let (rd, wr) = ring.into_split();
+            (PacketRead::Ring(rd), PacketWrite::Ring(wr))
+        }
+        Err(stream) => {
+            let (rd, wr) = stream.into_split();
+            (PacketRead::Mono { rd, full: false }, PacketWrite::Mono(wr))
+        }
+    }
+}
+
+impl PacketRead {
+    /// The next payload: a pooled buffer of [`PACKET_HEADROOM`] zeroed
+    /// bytes followed by 1 to [`MAX_DATA_PAYLOAD`] received bytes; `None`
+    /// at EOF. An idle socket holds no buffer while it waits (monoio: a
+    /// readiness wait first, skipped after a read that filled its buffer;
+    /// the ring: the kernel picks the buffer when data arrives). While the
+    /// memory budget is used up it waits for a buffer, at most the pool's
+    /// `acquire_timeout`.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error, or [`Error::BufferWaitTimeout`].
+    pub async fn read(&mut self, pool: &BufPool) -> Result<Option<BytesMut>, Error> {
+        match self {
+            Self::Ring(rd) => rd.recv().await,
+            Self::Mono { rd, full } => {
+                if !*full {
+                    readable(rd, false).await.map_err(Error::Io)?;
+                }
+                let mut buf = pool.acquire().await?;
+                buf.resize(PACKET_HEADROOM, 0);
+                let read =
+                    rd.read(buf.slice_mut(PACKET_HEADROOM..PACKET_HEADROOM + MAX_DATA_PAYLOAD));
+                let (res, slice) = read.await;
+                let n = res.map_err(Error::Io)?;
+                *full = n == MAX_DATA_PAYLOAD;
+                Ok((n > 0).then(|| slice.into_inner()))
+            }
+        }
+    }
+}
+
+impl PacketWrite {
+    /// Writes as much of `data` as the socket takes in one operation.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub async fn write(&mut self, data: Bytes) -> io::Result<usize> {
+        match self {
+            Self::Mono(wr) => wr.write(data).await.0,
+            Self::Ring(wr) => wr.write(data).await,
+        }
+    }
+
+    /// Shuts the sending direction down.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub async fn shutdown(&mut self) -> io::Result<()> {
+        match self {
+            Self::Mono(wr) => wr.shutdown().await,
+            Self::Ring(wr) => wr.shutdown().await,
+        }
+    }
+}
 
 /// Sockets (and read halves) that can wait for data without a read in
 /// flight, so an idle connection need not hold a buffer.

@@ -51,6 +51,9 @@
 //! queue is counted against the global memory budget, and a connection
 //! that cannot get a buffer stops reading — its peer is pushed back by TCP
 //! — while the others go on. An idle connection holds no read buffer.
+//! Under the io_uring engine the socket runs on the worker's data ring
+//! ([`super::uring`]) when it has one: the kernel picks the pooled buffer
+//! of every receive, and the reader joins or decrypts the chunks it gets.
 //!
 //! **Back-pressure.** The reader stops reading while the HTTP/2 machine has
 //! too many control replies queued ([`Connection::wants_read`]) and resumes
@@ -80,6 +83,7 @@ use super::runtime::{Either, race};
 use super::sock::ReadReady;
 use super::timers::{Deadline, Expire};
 use super::tls::{Plaintext, TlsLayer};
+use super::uring::{self, Received, RingRead, RingStream, RingWrite};
 use crate::Error;
 
 mod session;
@@ -350,11 +354,20 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     /// that ended it, if any.
     pub async fn run<IO>(self, io: IO) -> Result<(), Error>
     where
-        IO: Splitable,
+        IO: Splitable + 'static,
         IO::OwnedRead: AsyncReadRent + ReadReady + 'static,
         IO::OwnedWrite: AsyncWriteRent + 'static,
     {
-        let (rd, wr) = io.into_split();
+        let (rd, wr) = match uring::adopt(io, false) {
+            Ok(ring) => {
+                let (rd, wr) = ring.into_split();
+                (Rd::Ring(rd), Wr::Ring(wr))
+            }
+            Err(io) => {
+                let (rd, wr) = io.into_split();
+                (Rd::Mono(rd), Wr::Mono(wr))
+            }
+        };
         match self.run_halves(rd, wr).await {
             Ok(None) => Ok(()),
             Ok(Some(_)) => Err(Error::Usage(
@@ -373,7 +386,16 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     where
         IO: Split + AsyncReadRent + AsyncWriteRent + ReadReady + 'static,
     {
-        let (rd, wr) = io.into_split();
+        let (rd, wr) = match uring::adopt(io, false) {
+            Ok(ring) => {
+                let (rd, wr) = ring.into_split();
+                (Rd::Ring(rd), Wr::Ring(wr))
+            }
+            Err(io) => {
+                let (rd, wr) = io.into_split();
+                (Rd::Mono(rd), Wr::Mono(wr))
+            }
+        };
         match self.run_halves(rd, wr).await? {
             None => Ok(None),
             Some(Halted {
@@ -381,11 +403,23 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
                 wr,
                 session,
                 tls,
-                input,
+                mut input,
             }) => {
-                let io = rd
-                    .reunite(wr)
-                    .map_err(|_| Error::Usage("socket halves do not match"))?;
+                let io = match (rd, wr) {
+                    (Rd::Mono(rd), Wr::Mono(wr)) => rd
+                        .reunite(wr)
+                        .map_err(|_| Error::Usage("socket halves do not match"))?,
+                    (Rd::Ring(rd), Wr::Ring(wr)) => {
+                        // Back to a monoio stream; bytes the ring received
+                        // after the last processed ones follow the rest.
+                        let (io, late) = RingStream::reunite(rd, wr)?.into_io::<IO>().await?;
+                        if !late.is_empty() {
+                            input.0.extend_from_slice(&late);
+                        }
+                        io
+                    }
+                    _ => return Err(Error::Usage("socket halves do not match")),
+                };
                 Ok(Some(Detached {
                     io,
                     session,
@@ -396,7 +430,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         }
     }
 
-    async fn run_halves<R, W>(self, rd: R, wr: W) -> Result<Option<Halted<R, W, S>>, Error>
+    async fn run_halves<R, W>(self, rd: Rd<R>, wr: Wr<W>) -> Result<Option<Halted<R, W, S>>, Error>
     where
         R: AsyncReadRent + ReadReady + 'static,
         W: AsyncWriteRent + 'static,
@@ -454,10 +488,43 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     }
 }
 
+/// The read half of a connection's socket: monoio's, or one on the
+/// worker's io_uring data ring (`io::uring`, where the kernel picks the
+/// buffers).
+enum Rd<R> {
+    Mono(R),
+    Ring(RingRead),
+}
+
+/// The write half, as [`Rd`].
+enum Wr<W> {
+    Mono(W),
+    Ring(RingWrite),
+}
+
+impl<W: AsyncWriteRent> Wr<W> {
+    async fn write_all(&mut self, out: BytesMut) -> (std::io::Result<()>, BytesMut) {
+        match self {
+            Self::Mono(w) => {
+                let (r, out) = w.write_all(out).await;
+                (r.map(drop), out)
+            }
+            Self::Ring(w) => w.write_all(out).await,
+        }
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        match self {
+            Self::Mono(w) => w.shutdown().await,
+            Self::Ring(w) => w.shutdown().await,
+        }
+    }
+}
+
 /// What `run_halves` hands back on a detach.
 struct Halted<R, W, S> {
-    rd: R,
-    wr: W,
+    rd: Rd<R>,
+    wr: Wr<W>,
     session: S,
     tls: Option<TlsLayer>,
     input: (BytesMut, BytesMut),
@@ -564,17 +631,26 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
     /// and the unprocessed input.
     async fn read_loop<R: AsyncReadRent + ReadReady>(
         &self,
-        rd: R,
-    ) -> (Result<(), Error>, Option<R>, (BytesMut, BytesMut)) {
+        rd: Rd<R>,
+    ) -> (Result<(), Error>, Option<Rd<R>>, (BytesMut, BytesMut)) {
         let (mut buf, mut plain) = self
             .initial_input
             .borrow_mut()
             .take()
             .map(|i| *i)
             .unwrap_or_default();
-        let mut rd = Some(rd);
-        let r = self.read_inner(&mut rd, &mut buf, &mut plain).await;
-        (r, rd, (buf, plain))
+        match rd {
+            Rd::Mono(rd) => {
+                let mut rd = Some(rd);
+                let r = self.read_inner(&mut rd, &mut buf, &mut plain).await;
+                (r, rd.map(Rd::Mono), (buf, plain))
+            }
+            Rd::Ring(rd) => {
+                let mut rd = Some(rd);
+                let r = self.read_ring(&mut rd, &mut buf, &mut plain).await;
+                (r, rd.map(Rd::Ring), (buf, plain))
+            }
+        }
     }
 
     /// Wait until `reader` has data (or EOF) with no read in flight, asking
@@ -601,7 +677,12 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
     /// stop instead.
     ///
     /// [`PoolConfig::acquire_timeout`]: super::pool::PoolConfig::acquire_timeout
-    async fn make_room(&self, b: &mut BytesMut, large: bool) -> Result<bool, Error> {
+    async fn make_room(
+        &self,
+        b: &mut BytesMut,
+        large: bool,
+        pinned: Option<&mut BytesMut>,
+    ) -> Result<bool, Error> {
         if b.capacity() - b.len() >= MIN_READ_ROOM {
             return Ok(true);
         }
@@ -629,8 +710,15 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         }
         // The budget is used up. Wait without pinning the buffer the rest
         // sits in (at most one frame, copied out): with every buffer pinned
-        // by a waiting reader's rest, none could ever come back.
+        // by a waiting reader's rest, none could ever come back. The same
+        // for `pinned`, unprocessed input in another pooled buffer (TLS
+        // ciphertext received on the data ring).
         let rest = rest.map(|r| BytesMut::from(&r[..]));
+        if let Some(p) = pinned
+            && !p.is_empty()
+        {
+            *p = BytesMut::from(&p[..]);
+        }
         match race(self.pool.wait_for(size), self.closing.notified()).await {
             Either::Left(fresh) => {
                 let mut fresh = fresh?;
@@ -682,7 +770,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             if tls && (!buf.is_empty() || self.tls_backlog.get()) {
                 // Ciphertext rustls could not take yet (its plaintext was
                 // full), or plaintext that did not fit `plain`.
-                if !self.make_room(plain, false).await? {
+                if !self.make_room(plain, false, None).await? {
                     return Ok(());
                 }
                 if self.feed_tls(buf, plain)? {
@@ -722,7 +810,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 } else {
                     buf.reserve(READ_CHUNK);
                 }
-            } else if !self.make_room(buf, true).await? {
+            } else if !self.make_room(buf, true, None).await? {
                 return Ok(());
             }
             turn += 1;
@@ -755,7 +843,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 return Ok(());
             }
             if tls {
-                if !self.make_room(plain, false).await? {
+                if !self.make_room(plain, false, None).await? {
                     return Ok(());
                 }
                 self.feed_tls(buf, plain)?;
@@ -763,6 +851,162 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
                 self.wake_writer.notify();
             }
         }
+    }
+
+    /// [`Conn::read_inner`] for a socket on the data ring: the kernel picks
+    /// the buffer of every receive from the worker's pool (`io::uring`),
+    /// so there is no readiness wait and no buffer of the connection's own
+    /// while it waits. TLS ciphertext chunks go straight into rustls;
+    /// plaintext chunks become the session's input, joined without a copy
+    /// when the kernel put them next to each other (see [`Conn::append`]).
+    async fn read_ring(
+        &self,
+        rd: &mut Option<RingRead>,
+        buf: &mut BytesMut,
+        plain: &mut BytesMut,
+    ) -> Result<(), Error> {
+        let tls = self.tls.borrow().is_some();
+        let mut turn = 0u32;
+        // Part of a plaintext chunk that did not fit `buf` yet.
+        let mut carry: Option<BytesMut> = None;
+        let result = loop {
+            if self.session.borrow().h2().wants_read() {
+                let input = if tls { &mut *plain } else { &mut *buf };
+                if !input.is_empty() {
+                    let r = self
+                        .session
+                        .borrow_mut()
+                        .handle_input(super::clock::now(), input);
+                    self.dispatch();
+                    self.wake_writer.notify();
+                    self.poke_timer();
+                    if let Err(e) = r {
+                        break Err(e);
+                    }
+                }
+            }
+            if self.closed.get() || self.reader_stopped.get() || self.detach.get() {
+                break Ok(());
+            }
+            if !self.session.borrow().h2().wants_read() {
+                race(self.wake_reader.notified(), self.closing.notified()).await;
+                continue;
+            }
+            if tls && (!buf.is_empty() || self.tls_backlog.get()) {
+                if !self.make_room(plain, false, Some(&mut *buf)).await? {
+                    break Ok(());
+                }
+                if self.feed_tls(buf, plain)? {
+                    continue;
+                }
+            }
+            if let Some(c) = carry.take() {
+                self.append(buf, c, &mut carry);
+                continue;
+            }
+            let Some(reader) = rd.as_mut() else {
+                break Ok(());
+            };
+            if buf.is_empty() {
+                *buf = BytesMut::new();
+                if plain.is_empty() {
+                    *plain = BytesMut::new();
+                }
+            }
+            turn += 1;
+            if turn > READS_PER_TURN {
+                turn = 0;
+                super::runtime::yield_now().await;
+            }
+            let chunk = match race(reader.recv_chunk(), self.closing.notified()).await {
+                // Nothing is lost: received chunks stay queued on the socket.
+                Either::Right(()) => break Ok(()),
+                Either::Left(r) => r?,
+            };
+            let chunk = match chunk {
+                Received::Chunk(c) => c,
+                Received::Eof => {
+                    if let Some(t) = self.tls.borrow_mut().as_mut() {
+                        t.feed_eof()?;
+                    }
+                    break Ok(());
+                }
+                Received::NoBuffer => {
+                    // The budget is used up. Wait without pinning pooled
+                    // buffers with the unprocessed rests (at most a frame
+                    // each, copied out): with every buffer pinned by a
+                    // waiting reader's rest, none could ever come back.
+                    for rest in [&mut *buf, &mut *plain] {
+                        if !rest.is_empty() {
+                            *rest = BytesMut::from(&rest[..]);
+                        }
+                    }
+                    match race(reader.wait_for_buffer(), self.closing.notified()).await {
+                        Either::Left(r) => r?,
+                        Either::Right(()) => break Ok(()),
+                    }
+                    continue;
+                }
+            };
+            if tls {
+                if buf.is_empty() {
+                    *buf = chunk;
+                } else {
+                    // rustls refused part of the last chunk (rare): keep
+                    // the order.
+                    buf.extend_from_slice(&chunk);
+                }
+                if !self.make_room(plain, false, Some(&mut *buf)).await? {
+                    break Ok(());
+                }
+                self.feed_tls(buf, plain)?;
+                self.wake_writer.notify();
+            } else {
+                self.append(buf, chunk, &mut carry);
+            }
+        };
+        if let Some(c) = carry {
+            // Stopping (a detach) with part of a chunk not yet in `buf`.
+            buf.extend_from_slice(&c);
+        }
+        result
+    }
+
+    /// Appends a received plaintext chunk to the unprocessed input `buf`.
+    /// When the chunk continues `buf` in memory — consecutive receives of
+    /// one socket into one provided buffer — the two are joined without a
+    /// copy. Otherwise `buf`'s rest (at most one partial frame) moves into
+    /// a fresh large pooled buffer and as much of the chunk as fits is
+    /// copied after it; the remainder waits in `carry`. This never waits:
+    /// while the budget is used up (the chunk itself pins a provided
+    /// buffer) the two are joined outside the pool, a slow path bounded by
+    /// one frame plus one chunk per connection.
+    fn append(&self, buf: &mut BytesMut, mut chunk: BytesMut, carry: &mut Option<BytesMut>) {
+        if buf.is_empty() {
+            *buf = chunk;
+            return;
+        }
+        if buf.capacity() == buf.len() && buf.as_ptr().wrapping_add(buf.len()) == chunk.as_ptr() {
+            buf.unsplit(chunk);
+            return;
+        }
+        let need = buf.len() + chunk.len();
+        let mut fresh = match self.pool.try_acquire_quiet(Size::Large) {
+            // A frame larger than a pooled buffer (only with a larger
+            // SETTINGS_MAX_FRAME_SIZE) grows outside the pool.
+            Some(b) if b.capacity() > buf.len() => b,
+            _ => BytesMut::with_capacity(need),
+        };
+        fresh.extend_from_slice(buf);
+        let room = fresh.capacity() - fresh.len();
+        if chunk.len() <= room {
+            fresh.extend_from_slice(&chunk);
+        } else {
+            fresh.extend_from_slice(&chunk[..room]);
+            chunk.advance(room);
+            *carry = Some(chunk);
+        }
+        *buf = fresh;
     }
 
     /// Move ciphertext from `buf` through rustls into `plain`, as far as
@@ -806,7 +1050,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
     }
 
     /// Returns the write half when stopping for a detach.
-    async fn write_loop<W: AsyncWriteRent>(&self, mut wr: W) -> Result<Option<W>, Error> {
+    async fn write_loop<W: AsyncWriteRent>(&self, mut wr: Wr<W>) -> Result<Option<Wr<W>>, Error> {
         let mut plain = BytesMut::new();
         let mut out = BytesMut::new();
         let mut last_write = None;

@@ -9,8 +9,11 @@
 //! mesh stay on monoio. The decision and its measurements:
 //! `docs/decisions/0007-io-uring-data-ring.md`.
 //!
+//! - **Who is on it.** Every connection `io::driver` runs (tunnels,
+//!   frontends) and the agent's destination sockets
+//!   (`io::sock::packet_split`), moved onto the ring by [`adopt`].
 //! - **Multishot receive into provided buffers.** A socket on the ring
-//!   ([`RingStream`], from [`adopt`]) arms one multishot receive; the
+//!   ([`RingStream`]) arms one multishot receive; the
 //!   kernel picks the buffer for every receive from a provided-buffer ring
 //!   whose buffers are lent by the worker's
 //!   [`BufPool`](super::pool::BufPool), so the global memory budget counts

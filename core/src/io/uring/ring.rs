@@ -7,8 +7,10 @@ use std::future::{Future, poll_fn};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::pin;
+use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -49,6 +51,9 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Features {
     /// Provided-buffer rings with incremental consumption (Linux 6.12).
     pub incremental: bool,
+    /// Where the completion ring's flags word lies in the ring's memory
+    /// (`cq_off.flags`), if known.
+    cq_flags_offset: Option<u32>,
 }
 
 /// Counters of one ring, for tests and diagnostics.
@@ -146,8 +151,74 @@ enum Reaped {
     Recv(Rc<SockCore>, i32, u32),
 }
 
+/// The completion ring's flags word (`cq_off.flags`), through a mapping
+/// of the ring's shared memory of konn's own: the `io-uring` crate does
+/// not expose it. konn sets `IORING_CQ_EVENTFD_DISABLED` there while it
+/// submits, so that completions posted during its own `io_uring_enter`
+/// (a send that completes at once) do not signal the eventfd and wake
+/// the reaper again for nothing.
+struct CqFlags {
+    map: NonNull<libc::c_void>,
+    len: usize,
+    flags: NonNull<AtomicU32>,
+}
+
+/// `IORING_CQ_EVENTFD_DISABLED`.
+const CQ_EVENTFD_DISABLED: u32 = 1;
+/// `IORING_OFF_CQ_RING`.
+const OFF_CQ_RING: libc::off_t = 0x800_0000;
+
+impl CqFlags {
+    fn map(ring_fd: RawFd, offset: u32) -> io::Result<Self> {
+        let page = 4096;
+        let len = (offset as usize + 4).div_ceil(page) * page;
+        // SAFETY: maps the ring's own shared memory (the kernel allows
+        // mapping it more than once); the result is checked.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                ring_fd,
+                OFF_CQ_RING,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let map = NonNull::new(map).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        // SAFETY: `offset` + 4 lies within the `len` bytes just mapped;
+        // the kernel aligns the flags word to 4 bytes.
+        let flags = unsafe { map.cast::<u8>().add(offset as usize).cast::<AtomicU32>() };
+        Ok(Self { map, len, flags })
+    }
+
+    fn set_eventfd(&self, enabled: bool) {
+        // SAFETY: `flags` points into the live mapping (unmapped only in
+        // `drop`); the kernel only reads this bit, and the ring's single
+        // issuer (this thread) is the only writer.
+        let flags = unsafe { self.flags.as_ref() };
+        if enabled {
+            flags.fetch_and(!CQ_EVENTFD_DISABLED, Ordering::Release);
+        } else {
+            flags.fetch_or(CQ_EVENTFD_DISABLED, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for CqFlags {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`.
+        unsafe { libc::munmap(self.map.as_ptr(), self.len) };
+    }
+}
+
 pub(super) struct Inner {
     uring: RefCell<Option<IoUring>>,
+    /// `None` where the flags offset could not be learnt (the eventfd then
+    /// also fires for konn's own submissions).
+    cq_flags: Option<CqFlags>,
     ring_fd: RawFd,
     ops: RefCell<Ops>,
     groups: RefCell<[Option<Group>; 2]>,
@@ -198,6 +269,43 @@ pub fn features() -> Result<Features, &'static io::Error> {
     FEATURES.get_or_init(probe).as_ref().map(|f| *f)
 }
 
+/// `struct io_uring_params` (include/uapi/linux/io_uring.h).
+#[repr(C)]
+#[derive(Default)]
+struct RawParams {
+    sq_entries: u32,
+    cq_entries: u32,
+    flags: u32,
+    sq_thread_cpu: u32,
+    sq_thread_idle: u32,
+    features: u32,
+    wq_fd: u32,
+    resv: [u32; 3],
+    sq_off: [u32; 10],
+    /// head, tail, ring_mask, ring_entries, overflow, cqes, flags, resv1,
+    /// user_addr (2 words).
+    cq_off: [u32; 10],
+}
+
+/// `cq_off.flags` of this kernel's rings (the layout of the shared ring
+/// memory is the same for every ring of a kernel).
+fn cq_flags_offset() -> io::Result<u32> {
+    let mut p = RawParams::default();
+    // SAFETY: io_uring_setup(2) with a zeroed, correctly sized params
+    // struct it fills in; the descriptor is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, std::ptr::from_mut(&mut p)) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(io::Error::other)?;
+    // SAFETY: `fd` was just returned by io_uring_setup and is ours.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    match p.cq_off.get(6).copied() {
+        Some(off) if off > 0 && off % 4 == 0 => Ok(off),
+        _ => Err(io::Error::other("no cq flags offset")),
+    }
+}
+
 fn probe() -> io::Result<Features> {
     let mut ring = IoUring::new(8)?;
     let fd = ring.as_raw_fd();
@@ -228,7 +336,10 @@ fn probe() -> io::Result<Features> {
     drop(ring); // cancels the receive
     drop(group);
     if ok {
-        Ok(Features { incremental })
+        Ok(Features {
+            incremental,
+            cq_flags_offset: cq_flags_offset().ok(),
+        })
     } else if cqe.result() < 0 {
         Err(io::Error::from_raw_os_error(-cqe.result()))
     } else {
@@ -295,8 +406,12 @@ impl Ring {
         let efd = unsafe { OwnedFd::from_raw_fd(efd) };
         uring.submitter().register_eventfd(efd.as_raw_fd())?;
         let ring_fd = uring.as_raw_fd();
+        let cq_flags = features
+            .cq_flags_offset
+            .and_then(|off| CqFlags::map(ring_fd, off).ok());
         let inner = Inner {
             uring: RefCell::new(Some(uring)),
+            cq_flags,
             ring_fd,
             ops: RefCell::new(Ops::default()),
             groups: RefCell::new([None, None]),
@@ -358,7 +473,7 @@ impl Ring {
         }
         // Submit what is still queued (closes of the last sockets) before
         // the ring goes.
-        inner.turn(false);
+        inner.turn();
         inner.kick(); // the reaper sees `closing` with nothing left and ends
         let clean = inner.ops.borrow().live == 0;
         let uring = inner.uring.borrow_mut().take();
@@ -443,6 +558,13 @@ impl Inner {
         if to_submit == 0 && flags == 0 {
             return;
         }
+        // What completes during this call is reaped right after it: no
+        // eventfd signal for it (the reaper checks for work that arrived
+        // meanwhile before it sleeps).
+        if let Some(f) = &self.cq_flags {
+            f.set_eventfd(false);
+        }
+        let _unmute = Unmute(self.cq_flags.as_ref());
         loop {
             // SAFETY: no argument struct; the entries being submitted were
             // pushed under the rules of `push`.
@@ -464,9 +586,22 @@ impl Inner {
         }
     }
 
+    /// Whether the kernel has completions, or deferred completion work,
+    /// the reaper has not seen yet.
+    fn pending(&self) -> bool {
+        let mut u = self.uring.borrow_mut();
+        let Some(ring) = u.as_mut() else {
+            return false;
+        };
+        let sq = ring.submission();
+        let work = (self.defer && sq.taskrun()) || sq.cq_overflow();
+        drop(sq);
+        work || !ring.completion().is_empty()
+    }
+
     /// Submits, reaps and handles completions; tops the buffer groups up.
     /// Returns how many completions it handled.
-    fn turn(self: &Rc<Self>, woken_by_kernel: bool) -> usize {
+    fn turn(self: &Rc<Self>) -> usize {
         let mut cqes = std::mem::take(&mut *self.cqes.borrow_mut());
         {
             let mut u = self.uring.borrow_mut();
@@ -474,9 +609,11 @@ impl Inner {
                 return 0;
             };
             // Without DEFER_TASKRUN the kernel posts completions by itself
-            // (at this thread's next system call): no call just for them.
+            // (at this thread's next system call); with it, the TASKRUN
+            // flag says whether there is work to run: no call just to
+            // look.
             let sq = ring.submission();
-            let events = (self.defer && (woken_by_kernel || sq.taskrun())) || sq.cq_overflow();
+            let events = (self.defer && sq.taskrun()) || sq.cq_overflow();
             drop(sq);
             self.enter(ring, events);
             cqes.extend(
@@ -728,6 +865,17 @@ impl Drop for OpFuture {
     }
 }
 
+/// Clears `IORING_CQ_EVENTFD_DISABLED` when dropped.
+struct Unmute<'a>(Option<&'a CqFlags>);
+
+impl Drop for Unmute<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0 {
+            f.set_eventfd(true);
+        }
+    }
+}
+
 /// Reads the ring's eventfd through monoio (one read in monoio's ring at a
 /// time).
 async fn read_eventfd(efd: &monoio::fs::File, buf: Vec<u8>) -> Vec<u8> {
@@ -740,11 +888,10 @@ async fn read_eventfd(efd: &monoio::fs::File, buf: Vec<u8>) -> Vec<u8> {
 /// signals the ring's eventfd or a task queues more.
 async fn reaper(inner: Rc<Inner>, efd: monoio::fs::File) {
     let mut read = pin!(read_eventfd(&efd, vec![0; 8]));
-    let mut woken_by_kernel = false;
     let mut rounds = 0u32;
     loop {
         inner.kicked.set(false);
-        let handled = inner.turn(woken_by_kernel);
+        inner.turn();
         if inner.closing.get() && inner.ops.borrow().live == 0 {
             break;
         }
@@ -752,21 +899,17 @@ async fn reaper(inner: Rc<Inner>, efd: monoio::fs::File) {
             break;
         }
         // Completions handled may have queued more (re-armed receives,
-        // closes): submit them in this turn too, a few rounds at most.
-        if inner.kicked.get() && rounds < 4 {
+        // closes), and work may have arrived while the eventfd was muted:
+        // deal with it in this turn too, a few rounds at most.
+        if (inner.kicked.get() || inner.pending()) && rounds < 4 {
             rounds += 1;
-            woken_by_kernel = handled > 0;
             continue;
         }
         rounds = 0;
         inner.kicked.set(false);
-        woken_by_kernel = match race(read.as_mut(), inner.kick.notified()).await {
-            Either::Left(buf) => {
-                read.set(read_eventfd(&efd, buf));
-                true
-            }
-            Either::Right(()) => false,
-        };
+        if let Either::Left(buf) = race(read.as_mut(), inner.kick.notified()).await {
+            read.set(read_eventfd(&efd, buf));
+        }
     }
 }
 
