@@ -9,7 +9,7 @@
 //! konn-bench idle [--connections N] [--hold SECS] [--impl NAME=DIR[:FLAG,FLAG…]]...
 //! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 //! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
-//!                   [--profile DIR [--runs idle,dials,…]]
+//!                   [--profile DIR [--runs idle,dials,…]] [--engine ENGINE[:OPTS]]
 //!                   [--kernel io-uring[:OPTS],epoll] [--guarded] [--flags FLAG,FLAG…]
 //! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
 //! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
@@ -37,7 +37,8 @@
 //!   (download, upload, dial churn; `konn_bench::harness::icount`).
 //!   `--check FILE` exits with 1 when a figure grew beyond the baseline's
 //!   tolerance; `--write FILE` records a new baseline (`--tolerance`, in
-//!   percent, default 4). `--kernel ENGINES` instead counts system calls,
+//!   percent, default 4); `--engine` counts another engine (epoll by
+//!   default; the baseline is epoll's). `--kernel ENGINES` instead counts system calls,
 //!   context switches and io_uring completions per MB and per dial of
 //!   each engine, natively (`perf stat` software events). `--guarded`
 //!   counts with every issue-17 guard on (as `guards`). `--flags` passes
@@ -456,6 +457,7 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut profile = None;
     let mut runs = icount::Run::ALL.to_vec();
     let mut flags: Vec<String> = Vec::new();
+    let mut engine = "epoll".to_owned();
     while let Some(a) = it.next() {
         let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
         match a.as_str() {
@@ -467,6 +469,7 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
                     .map(str::to_owned)
                     .collect()
             }
+            "--engine" => engine = val("an engine")?,
             "--check" => check = Some(PathBuf::from(val("a file")?)),
             "--write" => write = Some(PathBuf::from(val("a file")?)),
             "--tolerance" => tolerance = val("a percentage")?.parse()?,
@@ -525,7 +528,11 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
             .is_ok_and(|o| o.status.success()),
         "valgrind is not installed (apt-get install valgrind)"
     );
-    let mut bins = konn_bins("konn", &konn_dir, Some("epoll"));
+    ensure!(
+        engine == "epoll" || (check.is_none() && write.is_none()),
+        "the baseline is recorded and checked under epoll only"
+    );
+    let mut bins = konn_bins("konn", &konn_dir, Some(&engine));
     bins.server_flags.extend(flags.iter().cloned());
     bins.agent_flags.extend(flags.iter().cloned());
     if guarded {
@@ -544,7 +551,10 @@ fn icount_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         return Ok(());
     }
     let started = Instant::now();
-    eprintln!("konn-bench icount: {} under callgrind", konn_dir.display());
+    eprintln!(
+        "konn-bench icount: {} ({engine}) under callgrind",
+        konn_dir.display()
+    );
     let figures = block_on(Engine::Epoll, icount::measure(&bins, &work.0, &certs))??;
     eprintln!("done in {:.0?}", started.elapsed());
     for (k, v) in &figures {
