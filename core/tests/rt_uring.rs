@@ -14,7 +14,7 @@ use konn_core::io::pool::{
     self, BUF_CAPACITY, BufPool, LARGE_BUF_CAPACITY, MemoryBudget, PoolConfig,
 };
 use konn_core::io::runtime::{Either, Engine, available_engines, block_on, race};
-use konn_core::io::uring::{self, PACKET_HEADROOM, RECV_QUEUE_LIMIT, RingStream};
+use konn_core::io::uring::{self, GroupKind, PACKET_HEADROOM, RECV_QUEUE_LIMIT, RingStream};
 use konn_frames::packet::MAX_DATA_PAYLOAD;
 use konn_testkit::fds::{assert_fds_back_to, open_fds, serial};
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
@@ -89,7 +89,9 @@ fn echo_through_the_ring_and_nothing_left_behind() {
     block_on(Engine::IoUring, async {
         let ring = uring::current().expect("the io_uring runtime sets up a data ring");
         let (mut client, server) = pair().await;
-        let stream = uring::adopt(server, false).map_err(drop).expect("adopted");
+        let stream = uring::adopt(server, GroupKind::Plain)
+            .map_err(drop)
+            .expect("adopted");
         let (mut rd, mut wr) = stream.into_split();
         assert_eq!(ring.stats().sockets, 1);
 
@@ -162,10 +164,17 @@ fn many_sockets_close_and_leak_nothing() {
             let mut reads = Vec::new();
             for i in 0..40u8 {
                 let (mut client, server) = pair().await;
-                let (rd, wr) = uring::adopt(server, i % 2 == 0)
-                    .map_err(drop)
-                    .unwrap()
-                    .into_split();
+                let (rd, wr) = uring::adopt(
+                    server,
+                    if i % 2 == 0 {
+                        GroupKind::Packet
+                    } else {
+                        GroupKind::Tls
+                    },
+                )
+                .map_err(drop)
+                .unwrap()
+                .into_split();
                 let msg = pattern(100 + usize::from(i), round);
                 let (r, _) = client.write_all(msg).await;
                 r.unwrap();
@@ -205,7 +214,7 @@ fn packet_sockets_leave_room_for_the_header() {
     let _serial = serial();
     block_on(Engine::IoUring, async {
         let (mut client, server) = pair().await;
-        let (mut rd, _wr) = uring::adopt(server, true)
+        let (mut rd, _wr) = uring::adopt(server, GroupKind::Packet)
             .map_err(drop)
             .unwrap()
             .into_split();
@@ -236,7 +245,7 @@ fn a_reader_that_stops_pushes_back_on_its_peer() {
     block_on(Engine::IoUring, async {
         let ring = uring::current().unwrap();
         let (mut client, server) = pair().await;
-        let (mut rd, _wr) = uring::adopt(server, false)
+        let (mut rd, _wr) = uring::adopt(server, GroupKind::Plain)
             .map_err(drop)
             .unwrap()
             .into_split();
@@ -302,7 +311,7 @@ fn a_used_up_budget_makes_the_reader_wait_with_a_deadline() {
         let starved = BufPool::new(&MemoryBudget::new(config.budget_bytes), &config);
         let _guard = pool::install(starved);
         let (mut client, server) = pair().await;
-        let (mut rd, _wr) = uring::adopt(server, false)
+        let (mut rd, _wr) = uring::adopt(server, GroupKind::Plain)
             .map_err(drop)
             .unwrap()
             .into_split();
@@ -324,7 +333,7 @@ fn a_socket_goes_back_to_monoio_with_what_it_received() {
     let _serial = serial();
     block_on(Engine::IoUring, async {
         let (mut client, server) = pair().await;
-        let (mut rd, wr) = uring::adopt(server, false)
+        let (mut rd, wr) = uring::adopt(server, GroupKind::Plain)
             .map_err(drop)
             .unwrap()
             .into_split();
@@ -352,7 +361,7 @@ fn a_socket_goes_back_to_monoio_with_what_it_received() {
         assert_eq!(&got[..], b"secondthird");
         // The wrong type is refused.
         let (_c2, s2) = pair().await;
-        let stream = uring::adopt(s2, false).map_err(drop).unwrap();
+        let stream = uring::adopt(s2, GroupKind::Plain).map_err(drop).unwrap();
         let wrong = stream.into_io::<monoio::net::UnixStream>().await;
         assert!(matches!(wrong, Err(Error::Usage(_))));
     })
@@ -365,7 +374,10 @@ fn epoll_has_no_data_ring() {
     block_on(Engine::Epoll, async {
         assert!(uring::current().is_none());
         let (_client, server) = pair().await;
-        assert!(uring::adopt(server, false).is_err(), "stays on monoio");
+        assert!(
+            uring::adopt(server, GroupKind::Plain).is_err(),
+            "stays on monoio"
+        );
     })
     .unwrap();
 }
@@ -378,7 +390,7 @@ fn a_dropped_receive_keeps_its_chunks() {
     let _serial = serial();
     block_on(Engine::IoUring, async {
         let (mut client, server) = pair().await;
-        let (mut rd, _wr) = uring::adopt(server, false)
+        let (mut rd, _wr) = uring::adopt(server, GroupKind::Plain)
             .map_err(drop)
             .unwrap()
             .into_split();

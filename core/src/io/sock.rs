@@ -43,7 +43,7 @@ pub enum PacketWrite {
 /// Splits `stream` into packet halves, on the worker's data ring when it
 /// has one.
 pub fn packet_split(stream: TcpStream) -> (PacketRead, PacketWrite) {
-    match uring::adopt(stream, true) {
+    match uring::adopt(stream, uring::GroupKind::Packet) {
         Ok(ring) => {
             let (rd, wr) = ring.into_split();
             (PacketRead::Ring(rd), PacketWrite::Ring(wr))

@@ -291,6 +291,15 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         h
     }
 
+    /// The data ring's buffer group for this connection's socket.
+    fn ring_group(&self) -> uring::GroupKind {
+        if self.0.tls.borrow().is_some() {
+            uring::GroupKind::Tls
+        } else {
+            uring::GroupKind::Plain
+        }
+    }
+
     /// The flag that asks [`ConnHandle::run_detachable`] to stop after the
     /// input being processed now. Set it from the connection's handler
     /// (while it handles an event), so no read is in flight.
@@ -358,7 +367,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         IO::OwnedRead: AsyncReadRent + ReadReady + 'static,
         IO::OwnedWrite: AsyncWriteRent + 'static,
     {
-        let (rd, wr) = match uring::adopt(io, false) {
+        let (rd, wr) = match uring::adopt(io, self.ring_group()) {
             Ok(ring) => {
                 let (rd, wr) = ring.into_split();
                 (Rd::Ring(rd), Wr::Ring(wr))
@@ -386,7 +395,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
     where
         IO: Split + AsyncReadRent + AsyncWriteRent + ReadReady + 'static,
     {
-        let (rd, wr) = match uring::adopt(io, false) {
+        let (rd, wr) = match uring::adopt(io, self.ring_group()) {
             Ok(ring) => {
                 let (rd, wr) = ring.into_split();
                 (Rd::Ring(rd), Wr::Ring(wr))

@@ -9,15 +9,17 @@
 //! kernel writes into is always a pooled buffer counted by the global
 //! budget, and stays alive for as long as the kernel may write into it.
 //!
-//! Two kinds of groups:
+//! Three kinds of groups:
 //!
-//! - [`GroupKind::Stream`] (HTTP/2 connections, TLS ciphertext): with
-//!   incremental consumption (`IOU_PBUF_RING_INC`, Linux 6.12) the kernel
-//!   fills one large buffer after the other, each receive continuing where
-//!   the last one stopped, so small messages of many sockets share buffers
-//!   and consecutive receives of one socket are adjacent in memory (the
-//!   driver then joins them without copying). Without it, frame-sized
-//!   buffers, one per receive.
+//! - [`GroupKind::Tls`] (TLS ciphertext) and [`GroupKind::Plain`]
+//!   (plaintext HTTP/2): byte streams. With incremental consumption
+//!   (`IOU_PBUF_RING_INC`, Linux 6.12) the kernel fills one large buffer
+//!   after the other, each receive continuing where the last one stopped,
+//!   so small messages of many sockets share buffers and consecutive
+//!   receives of one socket are adjacent in memory (the driver then joins
+//!   plaintext without copying). Without it, frame-sized buffers, one per
+//!   receive. Two groups, so that a tunnel's receives (which rustls copies
+//!   anyway) do not land between a frontend's and break their adjacency.
 //! - [`GroupKind::Packet`] (destination and CONNECT sockets): one receive
 //!   per frame-sized buffer, written after [`PACKET_HEADROOM`] bytes, so
 //!   the reader can put the DATA packet's header in front of the payload in
@@ -55,8 +57,10 @@ const RING_ENTRIES: u16 = 64;
 /// The two groups of a ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupKind {
-    /// Byte streams (HTTP/2, TLS).
-    Stream,
+    /// TLS ciphertext.
+    Tls,
+    /// Plaintext HTTP/2.
+    Plain,
     /// One receive per DATA packet, after [`PACKET_HEADROOM`].
     Packet,
 }
@@ -64,8 +68,9 @@ pub enum GroupKind {
 impl GroupKind {
     pub(super) const fn bgid(self) -> u16 {
         match self {
-            Self::Stream => 0,
-            Self::Packet => 1,
+            Self::Tls => 0,
+            Self::Plain => 1,
+            Self::Packet => 2,
         }
     }
 }
@@ -156,7 +161,7 @@ impl Group {
             flags: 0,
             resv: [0; 3],
         };
-        if want_inc && kind == GroupKind::Stream {
+        if want_inc && kind != GroupKind::Packet {
             reg.flags = IOU_PBUF_RING_INC;
             if pbuf_ring(ring_fd, REGISTER_PBUF_RING, &reg).is_ok() {
                 group.inc = true;
@@ -211,7 +216,7 @@ impl Group {
         };
         buf.clear();
         let (offset, len) = match self.kind {
-            GroupKind::Stream => (0, buf.capacity()),
+            GroupKind::Tls | GroupKind::Plain => (0, buf.capacity()),
             GroupKind::Packet => {
                 // Zeroed headroom: the reader hands the whole buffer on.
                 buf.resize(PACKET_HEADROOM, 0);

@@ -35,8 +35,9 @@ pub const DATA_RING_ENTRIES: u32 = 256;
 
 /// Frame-sized buffers a packet group keeps provided (256 KiB).
 const PACKET_TARGET: usize = 16;
-/// Buffers a stream group keeps provided: large ones with incremental
-/// consumption (512 KiB), else frame-sized ones (256 KiB).
+/// Buffers each stream group (TLS, plaintext) keeps provided: large ones
+/// with incremental consumption (512 KiB), else frame-sized ones
+/// (256 KiB).
 const STREAM_TARGET_INC: usize = 8;
 const STREAM_TARGET: usize = 16;
 
@@ -221,7 +222,7 @@ pub(super) struct Inner {
     cq_flags: Option<CqFlags>,
     ring_fd: RawFd,
     ops: RefCell<Ops>,
-    groups: RefCell<[Option<Group>; 2]>,
+    groups: RefCell<[Option<Group>; 3]>,
     features: Features,
     /// Completions must be fetched with `GETEVENTS` (`DEFER_TASKRUN`).
     defer: bool,
@@ -309,7 +310,7 @@ fn cq_flags_offset() -> io::Result<u32> {
 fn probe() -> io::Result<Features> {
     let mut ring = IoUring::new(8)?;
     let fd = ring.as_raw_fd();
-    let mut group = Group::register(fd, GroupKind::Stream, true, 1)?;
+    let mut group = Group::register(fd, GroupKind::Plain, true, 1)?;
     let incremental = group.incremental();
     let (a, b) = std::os::unix::net::UnixStream::pair()?;
     let buf = BytesMut::with_capacity(if incremental {
@@ -319,7 +320,7 @@ fn probe() -> io::Result<Features> {
     });
     group.provide(buf);
     io::Write::write_all(&mut &a, b"k")?;
-    let recv = opcode::RecvMulti::new(types::Fd(b.as_raw_fd()), GroupKind::Stream.bgid())
+    let recv = opcode::RecvMulti::new(types::Fd(b.as_raw_fd()), GroupKind::Plain.bgid())
         .build()
         .user_data(1);
     // SAFETY: the receive writes only into the group's provided buffer,
@@ -414,7 +415,7 @@ impl Ring {
             cq_flags,
             ring_fd,
             ops: RefCell::new(Ops::default()),
-            groups: RefCell::new([None, None]),
+            groups: RefCell::new([None, None, None]),
             features,
             defer,
             kick: Notify::new(),
@@ -710,8 +711,8 @@ impl Inner {
             }
             let target = match kind {
                 GroupKind::Packet => PACKET_TARGET,
-                GroupKind::Stream if self.features.incremental => STREAM_TARGET_INC,
-                GroupKind::Stream => STREAM_TARGET,
+                _ if self.features.incremental => STREAM_TARGET_INC,
+                _ => STREAM_TARGET,
             };
             *slot = Some(Group::register(
                 self.ring_fd,

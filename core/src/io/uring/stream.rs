@@ -142,9 +142,8 @@ pub struct RingWrite {
 }
 
 /// Moves a monoio `TcpStream` or `UnixStream` onto this thread's data ring,
-/// if it has one; anything else (or no ring) comes back unchanged. `packet`
-/// picks the packet buffer group (one DATA packet per receive, after
-/// [`PACKET_HEADROOM`](super::PACKET_HEADROOM)) instead of the stream one.
+/// if it has one, receiving into the buffer group `group`; anything else
+/// (or no ring) comes back unchanged.
 ///
 /// The descriptor is duplicated and monoio's copy dropped: monoio may still
 /// hold it in an operation that ended early, so taking it over directly
@@ -153,7 +152,7 @@ pub struct RingWrite {
 /// # Errors
 ///
 /// The stream, unchanged, when there is no ring or `dup` fails.
-pub fn adopt<IO: 'static>(io: IO, packet: bool) -> Result<RingStream, IO> {
+pub fn adopt<IO: 'static>(io: IO, group: GroupKind) -> Result<RingStream, IO> {
     let Some(ring) = current().filter(|r| r.0.is_open()) else {
         return Err(io);
     };
@@ -164,11 +163,6 @@ pub fn adopt<IO: 'static>(io: IO, packet: bool) -> Result<RingStream, IO> {
         return Err(io);
     };
     drop(io);
-    let group = if packet {
-        GroupKind::Packet
-    } else {
-        GroupKind::Stream
-    };
     Ok(RingStream::new(&ring, fd, kind, group))
 }
 
