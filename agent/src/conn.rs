@@ -1304,13 +1304,25 @@ async fn write_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut wr: PacketWrite) {
         while !data.is_empty() {
             // A destination that stops reading blocks this write; the
             // tunnel's stuck watch aborts the endpoint, which ends it.
-            let written = match race(wr.write(data.clone()), ep.abort.notified()).await {
+            // On the data ring the packets queued behind `data` go with it
+            // in one gathered send.
+            let written = match race(wr.write_queued(&data, &ep.queue), ep.abort.notified()).await {
                 Either::Left(r) => r,
                 Either::Right(()) => break 'queue,
             };
             match written {
                 Ok(n) if n > 0 => {
-                    data.advance(n);
+                    let mut left = n - n.min(data.len());
+                    data.advance(n.min(data.len()));
+                    while left > 0 {
+                        let Some(mut next) = ep.queue.borrow_mut().pop_front() else {
+                            break;
+                        };
+                        let k = left.min(next.len());
+                        next.advance(k);
+                        left -= k;
+                        data = next;
+                    }
                     if ep.connect_id < 0 {
                         ep._open.0.reverse_bytes(false, n);
                     }

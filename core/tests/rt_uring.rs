@@ -405,3 +405,44 @@ fn a_dropped_receive_keeps_its_chunks() {
     })
     .unwrap();
 }
+
+/// A destination's writer on the data ring sends the packets queued behind
+/// the current one in one gathered send, at most `MAX_IOV` of them (empty
+/// ones skipped); on monoio (epoll) only the current one, as before.
+#[test]
+fn queued_packets_go_in_one_gathered_send() {
+    use bytes::Bytes;
+    use konn_core::io::sock::{self, PacketWrite};
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
+
+    let mut engines = vec![Engine::Epoll];
+    if ring_available() {
+        engines.push(Engine::IoUring);
+    }
+    let _serial = serial();
+    for engine in engines {
+        block_on(engine, async move {
+            let (mut client, server) = pair().await;
+            let (_rd, mut wr) = sock::packet_split(server);
+            let ring = matches!(wr, PacketWrite::Ring(_));
+            assert_eq!(ring, engine == Engine::IoUring, "{engine:?}");
+            let packets: Vec<Bytes> = (0..uring::MAX_IOV as u8 + 4)
+                .map(|i| Bytes::from(pattern(100 + usize::from(i), i)))
+                .collect();
+            let first = packets[0].clone();
+            let mut queued: VecDeque<Bytes> = packets[1..].iter().cloned().collect();
+            queued.push_front(Bytes::new());
+            let queue = RefCell::new(queued);
+            let n = wr.write_queued(&first, &queue).await.unwrap();
+            // The empty packet takes no slot.
+            let take = if ring { uring::MAX_IOV } else { 1 };
+            let want: Vec<u8> = packets[..take].concat();
+            assert_eq!(n, want.len(), "{engine:?}");
+            assert_eq!(read_exact(&mut client, n).await, want);
+            // The queue itself is the caller's to advance.
+            assert_eq!(queue.borrow().len(), packets.len());
+        })
+        .unwrap();
+    }
+}

@@ -100,6 +100,36 @@ impl PacketWrite {
         }
     }
 
+    /// Writes `first` and, on the data ring, as many of the packets queued
+    /// after it as one gathered send takes; returns the bytes the socket
+    /// took (counted from the start of `first`).
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub async fn write_queued(
+        &mut self,
+        first: &Bytes,
+        queue: &std::cell::RefCell<std::collections::VecDeque<Bytes>>,
+    ) -> io::Result<usize> {
+        match self {
+            Self::Mono(wr) => wr.write(first.clone()).await.0,
+            Self::Ring(wr) => {
+                let bufs = {
+                    let q = queue.borrow();
+                    let mut bufs: [Option<Bytes>; uring::MAX_IOV] = Default::default();
+                    bufs[0] = Some(first.clone());
+                    let queued = q.iter().filter(|b| !b.is_empty());
+                    for (slot, b) in bufs.iter_mut().skip(1).zip(queued) {
+                        *slot = Some(b.clone());
+                    }
+                    bufs
+                };
+                wr.write_gather(bufs.into_iter().flatten()).await
+            }
+        }
+    }
+
     /// Shuts the sending direction down.
     ///
     /// # Errors

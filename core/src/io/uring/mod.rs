@@ -24,6 +24,9 @@
 //!   deadline.
 //! - **Batched submission.** Operations are queued in the ring and handed
 //!   to the kernel once per event-loop turn, by the reaper task.
+//! - **Gathered sends.** [`RingWrite::write_gather`] sends up to
+//!   [`MAX_IOV`] buffers in one `sendmsg` (the agent's destination writer:
+//!   every packet queued behind the current one).
 //! - **The reaper** is a monoio task: it submits, reaps completions, wakes
 //!   the tasks waiting for them and refills the buffer rings, and sleeps on
 //!   a read of the ring's eventfd in monoio's ring (the kernel signals it
@@ -52,5 +55,5 @@ mod ring;
 mod stream;
 
 pub use bufs::{GroupKind, PACKET_HEADROOM};
-pub use ring::{DATA_RING_ENTRIES, Features, Ring, RingStats, current, features, wanted};
+pub use ring::{DATA_RING_ENTRIES, Features, MAX_IOV, Ring, RingStats, current, features, wanted};
 pub use stream::{RECV_QUEUE_LIMIT, Received, RingRead, RingStream, RingWrite, adopt};

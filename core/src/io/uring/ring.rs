@@ -80,8 +80,57 @@ pub struct RingStats {
 #[derive(Default)]
 pub(super) struct Hold {
     pub(super) buf: Option<OwnedBuf>,
+    /// The header, iovecs and buffers of a gathered send.
+    pub(super) msg: Option<Box<MsgBuf>>,
     /// Only kept: the descriptor stays open while the kernel uses it.
     pub(super) _sock: Option<Rc<SockCore>>,
+}
+
+/// Buffers sent with one `sendmsg`, at most this many.
+pub const MAX_IOV: usize = 16;
+
+/// A `sendmsg` header with its iovecs and the buffers they point into;
+/// boxed, so the kernel's pointers stay valid while the operation holds
+/// it. Each socket keeps one for reuse.
+pub(super) struct MsgBuf {
+    hdr: libc::msghdr,
+    iov: [libc::iovec; MAX_IOV],
+    bufs: Vec<Bytes>,
+}
+
+impl MsgBuf {
+    pub(super) fn new() -> Box<Self> {
+        Box::new(Self {
+            // SAFETY: msghdr is a plain C struct; all zeroes is a valid,
+            // empty header.
+            hdr: unsafe { std::mem::zeroed() },
+            iov: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_IOV],
+            bufs: Vec::with_capacity(MAX_IOV),
+        })
+    }
+
+    /// Takes `bufs` (at most [`MAX_IOV`]) and points the header at them;
+    /// returns the header for the operation. Empty buffers are skipped.
+    pub(super) fn load(&mut self, bufs: impl Iterator<Item = Bytes>) -> *const libc::msghdr {
+        self.bufs.clear();
+        self.bufs
+            .extend(bufs.filter(|b| !b.is_empty()).take(MAX_IOV));
+        for (iov, b) in self.iov.iter_mut().zip(&self.bufs) {
+            iov.iov_base = b.as_ptr().cast_mut().cast();
+            iov.iov_len = b.len();
+        }
+        self.hdr.msg_iov = self.iov.as_mut_ptr();
+        self.hdr.msg_iovlen = self.bufs.len();
+        &raw const self.hdr
+    }
+
+    /// Drops the buffers (after the send completed).
+    pub(super) fn clear(&mut self) {
+        self.bufs.clear();
+    }
 }
 
 /// A buffer owned by an operation.
@@ -535,7 +584,10 @@ impl Inner {
         };
         // SAFETY: every entry built in this module points only at memory
         // owned by its slot's `Hold` (or a provided-buffer group), which
-        // lives until the entry's completion is reaped.
+        // lives until the entry's completion is reaped. A gathered send's
+        // header, iovecs and the buffers they point into are in the
+        // `Hold`'s boxed `MsgBuf`, whose heap address moving the box does
+        // not change.
         let pushed = unsafe { ring.submission().push(&sqe) }.is_ok();
         if !pushed {
             // The queue is full: submit it, then push again.

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use io_uring::{opcode, types};
 
 use super::bufs::GroupKind;
-use super::ring::{Chunks, Hold, Inner, OwnedBuf, Ring, current, poll_until};
+use super::ring::{Chunks, Hold, Inner, MsgBuf, OwnedBuf, Ring, current, poll_until};
 use crate::Error;
 use crate::io::pool;
 
@@ -52,6 +52,8 @@ pub(super) struct SockCore {
     group: GroupKind,
     /// The descriptor is closed on drop (not handed back).
     owned: Cell<bool>,
+    /// The `sendmsg` header of gathered sends, kept for reuse.
+    msg: Cell<Option<Box<MsgBuf>>>,
     recv: RefCell<RecvState>,
 }
 
@@ -199,6 +201,7 @@ impl RingStream {
                 kind,
                 group,
                 owned: Cell::new(true),
+                msg: Cell::new(None),
                 recv: RefCell::new(RecvState {
                     armed: None,
                     cancelling: false,
@@ -481,6 +484,7 @@ impl RingWrite {
         .build();
         let hold = Hold {
             buf: Some(buf),
+            msg: None,
             _sock: Some(self.sock.clone()),
         };
         let (res, _, hold) = self.sock.ring.submit(sqe, hold).await;
@@ -493,6 +497,36 @@ impl RingWrite {
         (r, buf)
     }
 
+    /// Sends as much of `bufs` (the first [`MAX_IOV`](super::ring::MAX_IOV)
+    /// of them) as the socket takes in one `sendmsg`: one operation for
+    /// several queued packets.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub async fn write_gather(&mut self, bufs: impl Iterator<Item = Bytes>) -> io::Result<usize> {
+        let mut msg = self.sock.msg.take().unwrap_or_else(MsgBuf::new);
+        let hdr = msg.load(bufs);
+        let sqe = opcode::SendMsg::new(types::Fd(self.sock.fd), hdr)
+            .flags(libc::MSG_NOSIGNAL as u32)
+            .build();
+        let hold = Hold {
+            buf: None,
+            msg: Some(msg),
+            _sock: Some(self.sock.clone()),
+        };
+        let (res, _, hold) = self.sock.ring.submit(sqe, hold).await;
+        if let Some(mut msg) = hold.msg {
+            msg.clear();
+            self.sock.msg.set(Some(msg));
+        }
+        if res < 0 {
+            Err(io::Error::from_raw_os_error(-res))
+        } else {
+            Ok(usize::try_from(res).unwrap_or(0))
+        }
+    }
+
     /// Shuts the sending direction down (`shutdown(SHUT_WR)`).
     ///
     /// # Errors
@@ -502,6 +536,7 @@ impl RingWrite {
         let sqe = opcode::Shutdown::new(types::Fd(self.sock.fd), libc::SHUT_WR).build();
         let hold = Hold {
             buf: None,
+            msg: None,
             _sock: Some(self.sock.clone()),
         };
         let (res, _, _) = self.sock.ring.submit(sqe, hold).await;
