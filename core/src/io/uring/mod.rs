@@ -30,10 +30,13 @@
 //! - **The reaper** is a monoio task: it submits, reaps completions, wakes
 //!   the tasks waiting for them and refills the buffer rings, and sleeps on
 //!   a read of the ring's eventfd in monoio's ring (the kernel signals it
-//!   when completions, or `DEFER_TASKRUN` work, arrive) or on a task
-//!   queueing work. The ring uses the mode of
-//!   [`RingSetup::chosen`](super::engine::RingSetup::chosen)
-//!   (`SINGLE_ISSUER | DEFER_TASKRUN` where the kernel has it).
+//!   when completions arrive) or on a task queueing work. The ring runs its
+//!   completion work cooperatively (`COOP_TASKRUN`; `SINGLE_ISSUER` where
+//!   the kernel has it): the kernel posts completions when the worker
+//!   enters the kernel anyway, so the reaper needs no system call to fetch
+//!   them (monoio's own ring keeps `DEFER_TASKRUN`), and it mutes the
+//!   eventfd while it submits, so its own completions do not wake the
+//!   worker again.
 //!
 //! **Buffer ownership.** Every buffer the kernel may write into (a
 //! provided buffer) or read from (a send) is owned by the ring until the

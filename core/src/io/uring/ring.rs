@@ -429,7 +429,7 @@ impl Ring {
     }
 
     fn build(features: Features) -> io::Result<(Self, monoio::fs::File)> {
-        let setup = RingSetup::chosen();
+        let setup = data_setup();
         let mut builder = IoUring::builder();
         let defer = match setup {
             RingSetup::DeferTaskrun => {
@@ -446,7 +446,14 @@ impl Ring {
             RingSetup::Plain => false,
         };
         builder.setup_cqsize(DATA_RING_ENTRIES * 4);
-        let uring = builder.build(DATA_RING_ENTRIES)?;
+        // Only this thread submits: say so where the kernel knows the flag
+        // (6.0), which spares it some locking.
+        let mut single = builder.clone();
+        single.setup_single_issuer();
+        let uring = match single.build(DATA_RING_ENTRIES) {
+            Ok(u) => u,
+            Err(_) => builder.build(DATA_RING_ENTRIES)?,
+        };
         // SAFETY: eventfd(2) with valid flags; the result is checked.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if efd < 0 {
@@ -542,6 +549,34 @@ impl Ring {
         }
         drop(uring);
     }
+}
+
+/// The task-running mode of the data ring: `KONN_IO_URING_DATA_SETUP`
+/// (`defer`, `coop`, `plain`; for measurements) if set, else
+/// `COOP_TASKRUN` where the kernel has it (5.19), else plain.
+///
+/// Not `DEFER_TASKRUN`, unlike monoio's ring: deferred completion work
+/// runs only inside an `io_uring_enter` on *this* ring, so every arrival
+/// of data cost the reaper a system call of its own; with cooperative task
+/// running the kernel posts the completions whenever the worker enters the
+/// kernel anyway (it parks in monoio's ring), without an interrupt
+/// (docs/decisions/0007, step 3: 38–40 → 31–32 system calls per dial on
+/// the server, 8 → 6 per message on both sides).
+fn data_setup() -> RingSetup {
+    static SETUP: OnceLock<RingSetup> = OnceLock::new();
+    *SETUP.get_or_init(|| {
+        let wanted = std::env::var("KONN_IO_URING_DATA_SETUP").ok();
+        if let Some(m) = RingSetup::ALL
+            .into_iter()
+            .find(|m| wanted.as_deref() == Some(m.as_str()))
+        {
+            return m;
+        }
+        match RingSetup::chosen() {
+            RingSetup::DeferTaskrun | RingSetup::CoopTaskrun => RingSetup::CoopTaskrun,
+            RingSetup::Plain => RingSetup::Plain,
+        }
+    })
 }
 
 fn log_once_unsupported(err: &io::Error) {
