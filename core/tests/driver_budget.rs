@@ -333,7 +333,7 @@ fn a_reader_gives_up_at_the_pool_deadline() {
 #[test]
 fn an_idle_reader_holds_no_buffer() {
     run_on_each_engine(|engine| async move {
-        let (_budget, pool) = small_pool(Duration::from_secs(60));
+        let (budget, pool) = small_pool(Duration::from_secs(60));
         let _current = pool::install(pool.clone());
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
@@ -373,10 +373,13 @@ fn an_idle_reader_holds_no_buffer() {
             // rings hold buffers of the pool for all its sockets: every
             // buffer still in use must be one of those, none the
             // connection's own.
-            let provided = konn_core::io::uring::current().map_or(0, |r| r.stats().provided);
+            let provided = konn_core::io::uring::current().map_or(0, |r| r.stats().provided_units);
             pool.stats().in_use == provided
         })
         .await;
+        // What the overload watermark reads: nothing, on either engine
+        // (the ring's empty provided buffers are spare room).
+        assert_eq!(budget.in_use_bytes(), 0, "{engine}: published as in use");
         assert!(!seen.closed.get(), "{engine}: the connection stays open");
         done_tx.send(()).unwrap();
         conn.abort();

@@ -272,7 +272,10 @@ impl MemoryBudget {
 
     /// Bytes of buffers lent out (in use, not idle or unspent credit) by
     /// all pools, as of each pool's latest maintenance pass
-    /// ([`PoolConfig::maintenance_interval`]): one relaxed load.
+    /// ([`PoolConfig::maintenance_interval`]): one relaxed load. Buffers an
+    /// io_uring data ring holds provided to the kernel count only once
+    /// they are taken out of the ring (a large buffer the kernel is still
+    /// filling counts as spare).
     pub fn in_use_bytes(&self) -> usize {
         self.shared.in_use.load(Ordering::Relaxed) * BUF_CAPACITY
     }
@@ -637,7 +640,13 @@ impl BufPool {
     /// back. Workers run it every
     /// [`maintenance_interval`](PoolConfig::maintenance_interval).
     pub fn reclaim(&self) -> usize {
-        self.inner.borrow_mut().reclaim()
+        // Buffers this core's data ring has provided to the kernel and
+        // that no receive has filled yet are spare room, not memory in
+        // use: they are left out of what the budget publishes (the
+        // overload watermark reads it). Read before the pool is borrowed:
+        // the ring borrows the pool when it refills.
+        let spare = super::uring::current().map_or(0, |r| r.stats().provided_units);
+        self.inner.borrow_mut().reclaim(spare)
     }
 
     /// Whether some pool found the budget used up since memory was last
@@ -763,10 +772,13 @@ impl LocalPool {
         self.classes.iter_mut().map(Class::reclaim_all).sum()
     }
 
-    fn reclaim(&mut self) -> usize {
+    /// `spare`: units lent to the kernel as empty receive buffers (see
+    /// [`BufPool::reclaim`]), not published as in use.
+    fn reclaim(&mut self, spare: usize) -> usize {
         let found = self.reclaim_all();
         self.trim();
-        let in_use: usize = self.classes.iter().map(|c| c.lent.len() * c.units).sum();
+        let lent: usize = self.classes.iter().map(|c| c.lent.len() * c.units).sum();
+        let in_use = lent.saturating_sub(spare);
         self.budget.publish_in_use(self.published_in_use, in_use);
         self.published_in_use = in_use;
         found

@@ -33,7 +33,7 @@ use bytes::BytesMut;
 use io_uring::types::BufRingEntry;
 use konn_frames::packet::MAX_DATA_PAYLOAD;
 
-use crate::io::pool::{self, BUF_CAPACITY, LARGE_BUF_CAPACITY, Size};
+use crate::io::pool::{self, BUF_CAPACITY, LARGE_BUF_CAPACITY, LARGE_BUF_UNITS, Size};
 
 /// Bytes kept free in front of every packet-group receive for the DATA
 /// packet's framing (gRPC prefix and protobuf header, at most 24 bytes).
@@ -192,6 +192,14 @@ impl Group {
     /// Buffers the kernel can currently pick from.
     pub(super) fn provided(&self) -> usize {
         usize::from(RING_ENTRIES) - self.free.len()
+    }
+
+    /// [`provided`](Self::provided) in the pool's budget units.
+    pub(super) fn provided_units(&self) -> usize {
+        match self.size() {
+            Size::Frame => self.provided(),
+            Size::Large => self.provided() * LARGE_BUF_UNITS,
+        }
     }
 
     /// Tops the group up to its target from the current pool without

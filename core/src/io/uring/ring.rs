@@ -67,6 +67,9 @@ pub struct RingStats {
     pub sockets: usize,
     /// Buffers currently provided to the kernel (both groups).
     pub provided: usize,
+    /// The same in the pool's budget units (a large buffer is
+    /// `LARGE_BUF_UNITS`), comparable with `PoolStats::in_use`.
+    pub provided_units: usize,
     /// `io_uring_enter` calls.
     pub enters: u64,
     /// Submission entries handed to the kernel.
@@ -499,6 +502,7 @@ impl Ring {
             in_flight: self.0.ops.borrow().live,
             sockets: self.0.sockets.get(),
             provided: groups.iter().flatten().map(Group::provided).sum(),
+            provided_units: groups.iter().flatten().map(Group::provided_units).sum(),
             enters: self.0.enters.get(),
             submitted: self.0.submitted.get(),
             completions: self.0.completions.get(),

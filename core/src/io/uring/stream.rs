@@ -253,12 +253,22 @@ impl RingStream {
     /// is still in flight.
     pub async fn into_io<IO: 'static>(self) -> Result<(IO, BytesMut), Error> {
         self.sock.stop_recv();
-        let deadline = monoio::time::Instant::now() + DETACH_TIMEOUT;
-        while self.sock.recv.borrow().armed.is_some() {
-            if monoio::time::Instant::now() >= deadline {
-                return Err(Error::Usage("ring socket: receive did not stop"));
+        // The receive's last completion (no "more" flag) disarms it and
+        // wakes the waiter; the halves are gone, so the waker slot is ours.
+        let stopped = std::future::poll_fn(|cx| {
+            let mut st = self.sock.recv.borrow_mut();
+            if st.armed.is_none() {
+                Poll::Ready(())
+            } else {
+                st.waker = Some(cx.waker().clone());
+                Poll::Pending
             }
-            monoio::time::sleep(Duration::from_millis(1)).await;
+        });
+        if monoio::time::timeout(DETACH_TIMEOUT, stopped)
+            .await
+            .is_err()
+        {
+            return Err(Error::Usage("ring socket: receive did not stop"));
         }
         let mut rest = BytesMut::new();
         {
