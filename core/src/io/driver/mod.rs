@@ -405,9 +405,8 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
                 (Rd::Mono(rd), Wr::Mono(wr))
             }
         };
-        let halted = match self.run_halves(rd, wr).await? {
-            None => return Ok(None),
-            Some(h) => h,
+        let Some(halted) = self.run_halves(rd, wr).await? else {
+            return Ok(None);
         };
         if matches!(halted.rd, Rd::Ring(_)) {
             // Boxed: an await here would keep the session, the TLS state
