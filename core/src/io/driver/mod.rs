@@ -770,6 +770,32 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         }
     }
 
+    /// Hands the session the input waiting in `plain` (TLS) or `buf`, if
+    /// it wants to read, and acts on what it produced. On error GOAWAY is
+    /// queued; the writer flushes it and ends.
+    fn handle_buffered(
+        &self,
+        tls: bool,
+        buf: &mut BytesMut,
+        plain: &mut BytesMut,
+    ) -> Result<(), Error> {
+        if !self.session.borrow().h2().wants_read() {
+            return Ok(());
+        }
+        let input = if tls { plain } else { buf };
+        if input.is_empty() {
+            return Ok(());
+        }
+        let r = self
+            .session
+            .borrow_mut()
+            .handle_input(super::clock::now(), input);
+        self.dispatch();
+        self.wake_writer.notify();
+        self.poke_timer();
+        r
+    }
+
     async fn read_inner<R: AsyncReadRent + ReadReady>(
         &self,
         rd: &mut Option<R>,
@@ -781,20 +807,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         let mut turn = 0u32;
         loop {
             // Process what is buffered first (reading may have paused).
-            if self.session.borrow().h2().wants_read() {
-                let input = if tls { &mut *plain } else { &mut *buf };
-                if !input.is_empty() {
-                    let r = self
-                        .session
-                        .borrow_mut()
-                        .handle_input(super::clock::now(), input);
-                    self.dispatch();
-                    self.wake_writer.notify();
-                    self.poke_timer();
-                    // On error GOAWAY is queued; the writer flushes it and ends.
-                    r?;
-                }
-            }
+            self.handle_buffered(tls, buf, plain)?;
             if self.closed.get() || self.reader_stopped.get() || self.detach.get() {
                 return Ok(());
             }
@@ -905,20 +918,8 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         // Part of a plaintext chunk that did not fit `buf` yet.
         let mut carry: Option<BytesMut> = None;
         let result = loop {
-            if self.session.borrow().h2().wants_read() {
-                let input = if tls { &mut *plain } else { &mut *buf };
-                if !input.is_empty() {
-                    let r = self
-                        .session
-                        .borrow_mut()
-                        .handle_input(super::clock::now(), input);
-                    self.dispatch();
-                    self.wake_writer.notify();
-                    self.poke_timer();
-                    if let Err(e) = r {
-                        break Err(e);
-                    }
-                }
+            if let Err(e) = self.handle_buffered(tls, buf, plain) {
+                break Err(e);
             }
             if self.closed.get() || self.reader_stopped.get() || self.detach.get() {
                 break Ok(());
