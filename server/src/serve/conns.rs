@@ -218,6 +218,18 @@ fn run_agent(
     }
 }
 
+/// The connection a driver loop handed back to move it; `None` when the
+/// loop ended (`what`: the kind of connection, for the log).
+fn moving<IO>(
+    outcome: Result<Option<Detached<IO, Grpc>>, Error>,
+    what: &'static str,
+) -> Option<Detached<IO, Grpc>> {
+    outcome
+        .inspect_err(|e| tracing::debug!(error = %e, kind = what, "connection ended"))
+        .ok()
+        .flatten()
+}
+
 /// What follows an agent connection's driver loop: nothing, a move to the
 /// worker that parked its tunnel, or — when the socket cannot move —
 /// serving it here after all (the returned future).
@@ -227,14 +239,7 @@ fn after_agent(
     outcome: Result<Option<Detached<TcpStream, Grpc>>, Error>,
     plan: &RefCell<Option<AgentPlan>>,
 ) -> Option<Pin<Box<dyn Future<Output = ()>>>> {
-    let detached = match outcome {
-        Ok(Some(detached)) => detached,
-        Ok(None) => return None,
-        Err(e) => {
-            tracing::debug!(error = %e, "agent connection ended");
-            return None;
-        }
-    };
+    let detached = moving(outcome, "agent")?;
     let plan = plan.borrow_mut().take()?;
     match detach_tcp(detached.io) {
         Ok(fd) => {
@@ -454,14 +459,7 @@ fn after_frontend<IO: Movable>(
     plan: &RefCell<Option<Plan>>,
     migrate: Rc<dyn Fn(usize, Migrant)>,
 ) -> Option<Pin<Box<dyn Future<Output = ()>>>> {
-    let detached = match outcome {
-        Ok(Some(detached)) => detached,
-        Ok(None) => return None,
-        Err(e) => {
-            tracing::debug!(error = %e, "frontend connection ended");
-            return None;
-        }
-    };
+    let detached = moving(outcome, "frontend")?;
     let plan = plan.borrow_mut().take()?;
     let target = plan.target;
     match detached.io.detach() {
