@@ -62,6 +62,13 @@ async fn pair() -> (TcpStream, TcpStream) {
     (client.unwrap(), accepted.unwrap().0)
 }
 
+/// `sock` moved onto this thread's data ring.
+fn on_ring(sock: TcpStream, group: GroupKind) -> RingStream {
+    uring::adopt(sock, group)
+        .map_err(drop)
+        .expect("the socket moves onto the ring")
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -89,10 +96,7 @@ fn echo_through_the_ring_and_nothing_left_behind() {
     block_on(Engine::IoUring, async {
         let ring = uring::current().expect("the io_uring runtime sets up a data ring");
         let (mut client, server) = pair().await;
-        let stream = uring::adopt(server, GroupKind::Plain)
-            .map_err(drop)
-            .expect("adopted");
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, mut wr) = on_ring(server, GroupKind::Plain).into_split();
         assert_eq!(ring.stats().sockets, 1);
 
         // 1 MiB each way, in writes of varying size; the echo sends back
@@ -164,17 +168,12 @@ fn many_sockets_close_and_leak_nothing() {
             let mut reads = Vec::new();
             for i in 0..40u8 {
                 let (mut client, server) = pair().await;
-                let (rd, wr) = uring::adopt(
-                    server,
-                    if i % 2 == 0 {
-                        GroupKind::Packet
-                    } else {
-                        GroupKind::Tls
-                    },
-                )
-                .map_err(drop)
-                .unwrap()
-                .into_split();
+                let group = if i % 2 == 0 {
+                    GroupKind::Packet
+                } else {
+                    GroupKind::Tls
+                };
+                let (rd, wr) = on_ring(server, group).into_split();
                 let msg = pattern(100 + usize::from(i), round);
                 let (r, _) = client.write_all(msg).await;
                 r.unwrap();
@@ -214,10 +213,7 @@ fn packet_sockets_leave_room_for_the_header() {
     let _serial = serial();
     block_on(Engine::IoUring, async {
         let (mut client, server) = pair().await;
-        let (mut rd, _wr) = uring::adopt(server, GroupKind::Packet)
-            .map_err(drop)
-            .unwrap()
-            .into_split();
+        let (mut rd, _wr) = on_ring(server, GroupKind::Packet).into_split();
         // More than one packet: each receive is at most one DATA payload,
         // after zeroed headroom, in a frame-sized pooled buffer.
         let data = pattern(3 * MAX_DATA_PAYLOAD + 5, 1);
@@ -245,10 +241,7 @@ fn a_reader_that_stops_pushes_back_on_its_peer() {
     block_on(Engine::IoUring, async {
         let ring = uring::current().unwrap();
         let (mut client, server) = pair().await;
-        let (mut rd, _wr) = uring::adopt(server, GroupKind::Plain)
-            .map_err(drop)
-            .unwrap()
-            .into_split();
+        let (mut rd, _wr) = on_ring(server, GroupKind::Plain).into_split();
         // Arm the receive, then stop reading while the peer sends far more
         // than the queue limit.
         let first = pattern(10, 0);
@@ -311,10 +304,7 @@ fn a_used_up_budget_makes_the_reader_wait_with_a_deadline() {
         let starved = BufPool::new(&MemoryBudget::new(config.budget_bytes), &config);
         let _guard = pool::install(starved);
         let (mut client, server) = pair().await;
-        let (mut rd, _wr) = uring::adopt(server, GroupKind::Plain)
-            .map_err(drop)
-            .unwrap()
-            .into_split();
+        let (mut rd, _wr) = on_ring(server, GroupKind::Plain).into_split();
         let (r, _) = client.write_all(vec![1u8; 100]).await;
         r.unwrap();
         let started = monoio::time::Instant::now();
@@ -333,10 +323,7 @@ fn a_socket_goes_back_to_monoio_with_what_it_received() {
     let _serial = serial();
     block_on(Engine::IoUring, async {
         let (mut client, server) = pair().await;
-        let (mut rd, wr) = uring::adopt(server, GroupKind::Plain)
-            .map_err(drop)
-            .unwrap()
-            .into_split();
+        let (mut rd, wr) = on_ring(server, GroupKind::Plain).into_split();
         let (r, _) = client.write_all(b"first".to_vec()).await;
         r.unwrap();
         assert_eq!(&rd.recv().await.unwrap().unwrap()[..], b"first");
@@ -361,7 +348,7 @@ fn a_socket_goes_back_to_monoio_with_what_it_received() {
         assert_eq!(&got[..], b"secondthird");
         // The wrong type is refused.
         let (_c2, s2) = pair().await;
-        let stream = uring::adopt(s2, GroupKind::Plain).map_err(drop).unwrap();
+        let stream = on_ring(s2, GroupKind::Plain);
         let wrong = stream.into_io::<monoio::net::UnixStream>().await;
         assert!(matches!(wrong, Err(Error::Usage(_))));
     })
@@ -390,10 +377,7 @@ fn a_dropped_receive_keeps_its_chunks() {
     let _serial = serial();
     block_on(Engine::IoUring, async {
         let (mut client, server) = pair().await;
-        let (mut rd, _wr) = uring::adopt(server, GroupKind::Plain)
-            .map_err(drop)
-            .unwrap()
-            .into_split();
+        let (mut rd, _wr) = on_ring(server, GroupKind::Plain).into_split();
         // A receive abandoned while waiting loses nothing.
         match race(rd.recv(), monoio::time::sleep(Duration::from_millis(5))).await {
             Either::Left(r) => panic!("nothing was sent: {:?}", r.map(|c| c.map(|c| c.len()))),
