@@ -95,13 +95,15 @@ fn unix(path: &Path) -> std::os::unix::net::UnixStream {
 }
 
 /// A plaintext connection that sends `prefix` and stalls is closed at the
-/// preface deadline, not before.
-fn assert_plain_stall_closed(
+/// preface deadline, not before. The time counts from before `connect`:
+/// the server's deadline starts at its accept, which cannot be earlier.
+fn assert_plain_stall_closed<S: std::io::Read + std::io::Write>(
     what: &str,
-    mut sock: impl std::io::Read + std::io::Write,
+    connect: impl FnOnce() -> S,
     prefix: &[u8],
 ) {
     let opened = now();
+    let mut sock = connect();
     sock.write_all(prefix).unwrap();
     let took = closed_at(sock, PREFACE_T + SLACK) - opened;
     assert!(
@@ -119,11 +121,15 @@ fn plaintext_listeners_close_connections_stalled_before_the_preface() {
             ("half a preface", &H2_PREFACE[..12]),
             ("preface without SETTINGS", H2_PREFACE),
         ] {
-            assert_plain_stall_closed(&format!("{engine} frontend: {what}"), unix(&path), prefix);
+            assert_plain_stall_closed(
+                &format!("{engine} frontend: {what}"),
+                || unix(&path),
+                prefix,
+            );
             // The agent port of the test server is plaintext too.
             assert_plain_stall_closed(
                 &format!("{engine} agent port: {what}"),
-                tcp(server.agent_addr()),
+                || tcp(server.agent_addr()),
                 prefix,
             );
         }
@@ -164,11 +170,11 @@ fn tls_listeners_close_connections_stalled_in_or_after_the_handshake() {
             ("frontend", frontend, pki.frontend_client()),
         ] {
             // No ClientHello at all.
-            assert_plain_stall_closed(&format!("{engine} {name}: silent"), tcp(addr), b"");
+            assert_plain_stall_closed(&format!("{engine} {name}: silent"), || tcp(addr), b"");
             // Half a TLS record header: stalled inside the handshake.
             assert_plain_stall_closed(
                 &format!("{engine} {name}: mid-handshake"),
-                tcp(addr),
+                || tcp(addr),
                 &[0x16, 0x03, 0x01],
             );
             // Handshake done, then no HTTP/2 preface.
