@@ -95,15 +95,28 @@ impl ReplayBuffer {
         }
         self.sent = self.sent.saturating_add(data.len() as u64);
         if data.len() > COPY_MAX || self.ring.len() + data.len() > RING_MAX {
-            self.segs.push_back(Seg::Shared(data.clone()));
+            self.push_seg(Seg::Shared(data.clone()));
             return offset;
         }
         self.ring.extend(data.iter());
         match self.segs.back_mut() {
             Some(Seg::Copied(n)) if *n + data.len() <= RUN_MAX => *n += data.len(),
-            _ => self.segs.push_back(Seg::Copied(data.len())),
+            _ => self.push_seg(Seg::Copied(data.len())),
         }
         offset
+    }
+
+    /// Appends a segment. The first gets room for one only (a queue's
+    /// first growth makes room for four): small payloads merge into one
+    /// copied run, so most connections — a request and its reply, then
+    /// idle — never hold more, and the queue keeps its room while the
+    /// connection lives.
+    #[inline]
+    fn push_seg(&mut self, seg: Seg) {
+        if self.segs.capacity() == 0 {
+            self.segs.reserve_exact(1);
+        }
+        self.segs.push_back(seg);
     }
 
     /// Records the close, sent after every byte; returns its offset.

@@ -42,7 +42,10 @@ pub struct Replay {
 #[derive(Debug)]
 pub struct ResumeSession {
     limits: ResumeLimits,
-    conns: IdMap<i64, ConnResume>,
+    /// Boxed: a hash table keeps about twice its entries' room, and a
+    /// 200-byte entry inline made this the largest part of an idle
+    /// tunnelled connection on the server (docs/BENCHMARKS.md, S5).
+    conns: IdMap<i64, Box<ConnResume>>,
     state: SessionState,
     /// Connections whose ACK is due by time (each listed once, flagged in
     /// [`ConnResume`]; ids of forgotten ones are skipped).
@@ -97,7 +100,7 @@ impl ResumeSession {
 
     /// The connection's state.
     pub fn conn(&self, id: i64) -> Option<&ConnResume> {
-        self.conns.get(&id)
+        self.conns.get(&id).map(Box::as_ref)
     }
 
     /// Connections tracked (live, parked or lingering after their close).
@@ -409,7 +412,7 @@ impl ResumeSession {
     /// Bytes held for replay and out of order by all connections (what
     /// counts against the memory budget).
     pub fn held_bytes(&self) -> u64 {
-        self.conns.values().map(ConnResume::held_bytes).sum()
+        self.conns.values().map(|c| c.held_bytes()).sum()
     }
 
     #[doc(hidden)]
