@@ -252,7 +252,7 @@ impl ServerSettings {
             timeout: Duration::from_secs(20),
             permit_without_stream: true,
         });
-        c
+        self.with_driver_deadlines(c)
     }
 
     /// HTTP/2 settings of the gRPC frontend port: grpc-go's default ping
@@ -267,6 +267,19 @@ impl ServerSettings {
             timeout: Duration::from_secs(20),
             permit_without_stream: true,
         });
+        self.with_driver_deadlines(c)
+    }
+
+    /// `c` with the driver's preface and idle deadlines where set: what the
+    /// driver would apply to each connection, applied once to the shared
+    /// configuration instead (so no connection copies it).
+    fn with_driver_deadlines(&self, mut c: h2::Config) -> h2::Config {
+        if self.driver.preface_timeout.is_some() {
+            c.preface_timeout = self.driver.preface_timeout;
+        }
+        if self.driver.idle_timeout.is_some() {
+            c.idle_timeout = self.driver.idle_timeout;
+        }
         c
     }
 }

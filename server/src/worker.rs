@@ -319,6 +319,10 @@ pub struct Worker {
     rng: Cell<u64>,
     /// Settings.
     pub settings: Arc<ServerSettings>,
+    /// The agent port's HTTP/2 configuration, shared by its connections.
+    pub agent_h2: Arc<konn_protocol::h2::Config>,
+    /// The gRPC frontend's HTTP/2 configuration, shared likewise.
+    pub frontend_h2: Arc<konn_protocol::h2::Config>,
     /// This core's buffers.
     pub pool: BufPool,
     /// Process-wide counters.
@@ -380,6 +384,8 @@ impl Worker {
             newest_cluster: Cell::new(0),
             next_id: Cell::new(1),
             rng: Cell::new(seed | 1),
+            agent_h2: Arc::new(settings.agent_h2()),
+            frontend_h2: Arc::new(settings.frontend_h2()),
             settings,
             pool,
             shared,

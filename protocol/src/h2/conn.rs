@@ -7,6 +7,7 @@
 //! (`poll_transmit`: preface, control frames, stream frames).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -155,7 +156,9 @@ struct Pings {
 /// One HTTP/2 connection. See the module docs for how to drive it.
 #[derive(Debug)]
 pub struct Connection {
-    cfg: Config,
+    /// Shared by the connections of one listener: 184 bytes each would be
+    /// a tenth of an idle tunnelled connection (docs/BENCHMARKS.md, S5).
+    cfg: Arc<Config>,
     /// What we advertise.
     pub(super) local: Settings,
     /// What the peer advertised.
@@ -214,8 +217,10 @@ impl Connection {
     // ----- construction and accessors -------------------------------------
 
     /// A new connection in `cfg.role`, created at `now`. A client writes the
-    /// preface with its first `poll_transmit`.
-    pub fn new(cfg: Config, now: Instant) -> Self {
+    /// preface with its first `poll_transmit`. Pass an `Arc` to share one
+    /// configuration between many connections.
+    pub fn new(cfg: impl Into<Arc<Config>>, now: Instant) -> Self {
+        let cfg: Arc<Config> = cfg.into();
         let local = Settings {
             header_table_size: cfg.header_table_size,
             enable_push: false,
@@ -288,12 +293,13 @@ impl Connection {
 
     /// Override [`Config::preface_timeout`] and [`Config::idle_timeout`]
     /// where a value is given (the driver applies its listener settings).
+    /// The shared configuration is copied only when a value differs.
     pub fn set_deadlines(&mut self, preface: Option<Duration>, idle: Option<Duration>) {
-        if preface.is_some() {
-            self.cfg.preface_timeout = preface;
+        if preface.is_some() && preface != self.cfg.preface_timeout {
+            Arc::make_mut(&mut self.cfg).preface_timeout = preface;
         }
-        if idle.is_some() {
-            self.cfg.idle_timeout = idle;
+        if idle.is_some() && idle != self.cfg.idle_timeout {
+            Arc::make_mut(&mut self.cfg).idle_timeout = idle;
         }
     }
 

@@ -1237,3 +1237,22 @@ fn hpack_work_limit_goaway_names_the_limit() {
     assert_eq!(reason, Reason::ENHANCE_YOUR_CALM);
     assert!(debug.contains("HPACK decoding work limit"), "{debug:?}");
 }
+
+#[test]
+fn connections_share_their_configuration_until_one_differs() {
+    use std::sync::Arc;
+    let mut cfg = Config::new(Role::Server);
+    cfg.idle_timeout = Some(Duration::from_secs(300));
+    let shared = Arc::new(cfg);
+    let mut a = Connection::new(shared.clone(), t0());
+    // The same deadlines as the shared configuration: nothing is copied.
+    a.set_deadlines(None, Some(Duration::from_secs(300)));
+    assert_eq!(Arc::strong_count(&shared), 2);
+    // A different one: this connection gets its own copy, the others keep
+    // the shared one.
+    let mut b = Connection::new(shared.clone(), t0());
+    b.set_deadlines(Some(Duration::from_secs(10)), None);
+    assert_eq!(Arc::strong_count(&shared), 2);
+    drop(a);
+    assert_eq!(Arc::strong_count(&shared), 1);
+}
