@@ -146,6 +146,54 @@ impl<F: Future, G> Future for Guarded<F, G> {
     }
 }
 
+/// What [`then`] runs after its first future, when there is more to do.
+pub type Next = Pin<Box<dyn Future<Output = ()>>>;
+
+/// Polls `fut` to completion, hands its output to `after`, and then polls
+/// the future `after` returns, if any. A named future for the reason given
+/// at [`with_guard`]: `async move { let out = fut.await; … }` with `fut`
+/// made outside keeps it twice, and made inside keeps a slot for each of
+/// its arguments beside it; a connection task is this, spawned once per
+/// connection.
+pub fn then<F: Future, A: FnOnce(F::Output) -> Option<Next>>(fut: F, after: A) -> Then<F, A> {
+    Then {
+        fut,
+        after: Some(after),
+        next: None,
+    }
+}
+
+/// The future of [`then`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Then<F, A> {
+    fut: F,
+    /// `None` once `fut` is done (it is not polled again).
+    after: Option<A>,
+    next: Option<Next>,
+}
+
+impl<F: Future, A: FnOnce(F::Output) -> Option<Next>> Future for Then<F, A> {
+    type Output = ();
+
+    #[allow(unsafe_code)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // SAFETY: structural pinning of `fut` only (see `Race`): it is never
+        // moved out of a pinned `Then`; `after` is moved out by value and
+        // `next` is pinned by its own box. No `Drop` impl.
+        let this = unsafe { self.get_unchecked_mut() };
+        if this.after.is_some() {
+            // SAFETY: as above.
+            let out = std::task::ready!(unsafe { Pin::new_unchecked(&mut this.fut) }.poll(cx));
+            let after = this.after.take().expect("checked above");
+            this.next = after(out);
+        }
+        match this.next.as_mut() {
+            Some(next) => next.as_mut().poll(cx),
+            None => Poll::Ready(()),
+        }
+    }
+}
+
 /// Lets the other tasks of this worker run once: wakes itself and returns
 /// `Pending` a single time (monoio queues a woken task at the back).
 pub async fn yield_now() {
@@ -211,6 +259,42 @@ mod tests {
         };
         let guarded = size_of_val(&with_guard(fut, ()));
         assert!(guarded < 2 * 4096, "{guarded}");
+    }
+
+    #[test]
+    fn then_hands_on_the_output_and_runs_what_follows() {
+        use std::{cell::Cell, rc::Rc};
+        let ran = Rc::new(Cell::new(0));
+        let r = ran.clone();
+        block_on(
+            Engine::Epoll,
+            then(
+                async {
+                    monoio::time::sleep(Duration::from_millis(1)).await;
+                    3
+                },
+                move |out| -> Option<Next> {
+                    r.set(out);
+                    Some(Box::pin(async move {
+                        monoio::time::sleep(Duration::from_millis(1)).await;
+                        r.set(r.get() * 10);
+                    }))
+                },
+            ),
+        )
+        .unwrap();
+        assert_eq!(ran.get(), 30);
+        // Nothing follows: done at once after the first future.
+        block_on(Engine::Epoll, then(async { 1 }, |_| None)).unwrap();
+        // The first future is kept once (an `async` block awaiting one made
+        // outside it keeps it twice).
+        let fut = async {
+            let big = [0u8; 4096];
+            monoio::time::sleep(Duration::from_millis(1)).await;
+            big.len()
+        };
+        let size = size_of_val(&then(fut, |_| None));
+        assert!(size < 2 * 4096, "{size}");
     }
 
     #[test]

@@ -4,9 +4,8 @@
 //! here from another core (a frontend following its agent, an agent
 //! resuming a tunnel parked here).
 
-use std::pin::Pin;
-
 use konn_core::io::driver::Detached;
+use konn_core::io::future::then;
 
 use super::*;
 
@@ -159,7 +158,7 @@ fn start_agent(
     };
     let s = &worker.settings;
     let grpc = Grpc::new(
-        Connection::new(s.agent_h2(), konn_core::io::clock::now()),
+        Connection::new(worker.agent_h2.clone(), konn_core::io::clock::now()),
         s.max_message,
     );
     let input = (input, BytesMut::new());
@@ -209,13 +208,12 @@ fn run_agent(
             }
         });
     }
-    async move {
-        let outcome = handle.run_detachable(sock).await;
+    // A named future: an `async` block would keep a slot for the socket
+    // beside the driver loop's own.
+    then(handle.run_detachable(sock), move |outcome| {
         cluster.untrack(&worker, id);
-        if let Some(here) = after_agent(worker, cluster, outcome, &plan) {
-            here.await;
-        }
-    }
+        after_agent(worker, cluster, outcome, &plan)
+    })
 }
 
 /// The connection a driver loop handed back to move it; `None` when the
@@ -238,7 +236,7 @@ fn after_agent(
     cluster: Rc<Cluster>,
     outcome: Result<Option<Detached<TcpStream, Grpc>>, Error>,
     plan: &RefCell<Option<AgentPlan>>,
-) -> Option<Pin<Box<dyn Future<Output = ()>>>> {
+) -> Option<konn_core::io::future::Next> {
     let detached = moving(outcome, "agent")?;
     let plan = plan.borrow_mut().take()?;
     match detach_tcp(detached.io) {
@@ -322,7 +320,7 @@ pub(super) fn serve_frontend(
     match fe.mode {
         Mode::Grpc => {
             let grpc = Grpc::new(
-                Connection::new(s.frontend_h2(), konn_core::io::clock::now()),
+                Connection::new(worker.frontend_h2.clone(), konn_core::io::clock::now()),
                 s.max_message,
             );
             let (w, c) = (worker.clone(), cluster);
@@ -440,13 +438,11 @@ fn run_grpc_frontend<IO: Movable>(
             }
         });
     }
-    async move {
-        let outcome = handle.run_detachable(io).await;
+    // As in `run_agent`: no slot for `io` beside the driver loop's.
+    then(handle.run_detachable(io), move |outcome| {
         cluster.untrack(&worker, id);
-        if let Some(here) = after_frontend(worker, cluster, outcome, &plan, migrate) {
-            here.await;
-        }
-    }
+        after_frontend(worker, cluster, outcome, &plan, migrate)
+    })
 }
 
 /// What follows a gRPC frontend's driver loop: nothing, a move to another
@@ -458,7 +454,7 @@ fn after_frontend<IO: Movable>(
     outcome: Result<Option<Detached<IO, Grpc>>, Error>,
     plan: &RefCell<Option<Plan>>,
     migrate: Rc<dyn Fn(usize, Migrant)>,
-) -> Option<Pin<Box<dyn Future<Output = ()>>>> {
+) -> Option<konn_core::io::future::Next> {
     let detached = moving(outcome, "frontend")?;
     let plan = plan.borrow_mut().take()?;
     let target = plan.target;
@@ -662,7 +658,7 @@ mod tests {
         let size = block_on(Engine::Epoll, async move {
             let sock = TcpStream::from_std(accepted).expect("monoio socket");
             let grpc = Grpc::new(
-                Connection::new(settings.agent_h2(), konn_core::io::clock::now()),
+                Connection::new(worker.agent_h2.clone(), konn_core::io::clock::now()),
                 settings.max_message,
             );
             let task = run_agent(
