@@ -461,7 +461,23 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             .handshake_deadline
             .set(monoio::time::Instant::now().checked_add(self.0.cfg.handshake_timeout));
         self.0.rearm();
-        let (read_result, rd, input) = self.0.read_loop(rd).await;
+        // Nested rather than a `let`: the read's outcome then takes no
+        // slot of its own beside the read loop in this future (155 bytes
+        // in every connection's task).
+        self.after_read(writer, self.0.read_loop(rd).await).await
+    }
+
+    /// The rest of [`run_halves`](Self::run_halves) once the read loop
+    /// ended: hand the connection over if it is detaching, else close it.
+    async fn after_read<R, W>(
+        &self,
+        writer: monoio::task::JoinHandle<Result<Option<Wr<W>>, Error>>,
+        (read_result, rd, input): ReadOutcome<R>,
+    ) -> Result<Option<Halted<R, W, S>>, Error>
+    where
+        R: AsyncReadRent + ReadReady + 'static,
+        W: AsyncWriteRent + 'static,
+    {
         if read_result.is_ok() && self.0.detach.get() {
             // Stop the writer once it has flushed; no deadline meanwhile.
             self.0.wake_writer.notify();
@@ -507,6 +523,11 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         }
     }
 }
+
+/// How a read loop ended: its result, the read half (`None` once it
+/// failed), and the input read but not yet handled (raw or ciphertext,
+/// plaintext).
+type ReadOutcome<R> = (Result<(), Error>, Option<Rd<R>>, (BytesMut, BytesMut));
 
 /// The read half of a connection's socket: monoio's, or one on the
 /// worker's io_uring data ring (`io::uring`, where the kernel picks the
@@ -678,10 +699,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
 
     /// Returns the outcome and, when stopping for a detach, the read half
     /// and the unprocessed input.
-    async fn read_loop<R: AsyncReadRent + ReadReady>(
-        &self,
-        rd: Rd<R>,
-    ) -> (Result<(), Error>, Option<Rd<R>>, (BytesMut, BytesMut)) {
+    async fn read_loop<R: AsyncReadRent + ReadReady>(&self, rd: Rd<R>) -> ReadOutcome<R> {
         let (mut buf, mut plain) = self
             .initial_input
             .borrow_mut()
@@ -1191,7 +1209,21 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             t.take_tls(&mut out);
         }
         let socket_failed = matches!(result, Err(Error::Io(_) | Error::WriteTimeout(_)));
-        if !socket_failed && !out.is_empty() {
+        // One await point for the goodbye: a result kept across two gets a
+        // slot of its own beside the loop's write (72 bytes in every
+        // connection's writer task).
+        self.goodbye(wr, out, !socket_failed).await;
+        // `finish` (called by `run_halves` with this result) marks the
+        // connection closed and lets the session fail its open calls; only
+        // stop the reader here.
+        self.stop_reader();
+        result.map(|()| None)
+    }
+
+    /// The writer's last steps: the remaining output if `send` (within the
+    /// write timeout), then the socket's shutdown.
+    async fn goodbye<W: AsyncWriteRent>(&self, mut wr: Wr<W>, out: BytesMut, send: bool) {
+        if send && !out.is_empty() {
             // Boxed: a timer kept in the writer's state would cost every
             // connection 640 bytes for this one last write.
             let _ = Box::pin(monoio::time::timeout(
@@ -1201,11 +1233,6 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             .await;
         }
         let _ = wr.shutdown().await;
-        // `finish` (called by `run_halves` with this result) marks the
-        // connection closed and lets the session fail its open calls; only
-        // stop the reader here.
-        self.stop_reader();
-        result.map(|()| None)
     }
 
     /// The connection's deadline passed: enforce what is due, run the
