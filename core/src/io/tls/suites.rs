@@ -207,6 +207,34 @@ pub fn cipher_suites_from_go_names<S: AsRef<str>>(
     Ok(selected)
 }
 
+/// Go's preference among the suites rustls implements, on hardware with
+/// AES-GCM support (crypto/tls `defaultCipherSuitesTLS13` and
+/// `cipherSuitesPreferenceOrder`): AES-128-GCM first, then AES-256-GCM,
+/// then ChaCha20-Poly1305, ECDSA before RSA in TLS 1.2. Smaller is
+/// preferred; suites Go does not list come last.
+pub fn go_preference(suite: CipherSuite) -> u8 {
+    match suite {
+        CipherSuite::TLS13_AES_128_GCM_SHA256 => 0,
+        CipherSuite::TLS13_AES_256_GCM_SHA384 => 1,
+        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => 2,
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 => 10,
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => 11,
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384 => 12,
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => 13,
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256 => 14,
+        CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => 15,
+        _ => u8::MAX,
+    }
+}
+
+/// `provider` with its suites in Go's preference order ([`go_preference`]).
+pub fn in_go_order(mut provider: CryptoProvider) -> CryptoProvider {
+    provider
+        .cipher_suites
+        .sort_by_key(|s| go_preference(s.suite()));
+    provider
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +338,28 @@ mod tests {
     fn naming_a_tls13_suite_restricts_tls13_and_leaves_tls12_without_suites() {
         let got = suites(&["TLS_AES_128_GCM_SHA256"]);
         assert_eq!(got, vec![CipherSuite::TLS13_AES_128_GCM_SHA256]);
+    }
+
+    #[test]
+    fn suites_follow_gos_preference() {
+        let names: Vec<_> = in_go_order(provider())
+            .cipher_suites
+            .iter()
+            .map(|s| s.suite())
+            .collect();
+        assert_eq!(
+            names[..3],
+            [
+                CipherSuite::TLS13_AES_128_GCM_SHA256,
+                CipherSuite::TLS13_AES_256_GCM_SHA384,
+                CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+            ]
+        );
+        assert_eq!(
+            names[3],
+            CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        );
+        assert_eq!(names.len(), provider().cipher_suites.len());
     }
 
     #[test]
