@@ -270,17 +270,12 @@ impl ServerSettings {
         self.with_driver_deadlines(c)
     }
 
-    /// `c` with the driver's preface and idle deadlines where set: what the
-    /// driver would apply to each connection, applied once to the shared
-    /// configuration instead (so no connection copies it).
-    fn with_driver_deadlines(&self, mut c: h2::Config) -> h2::Config {
-        if self.driver.preface_timeout.is_some() {
-            c.preface_timeout = self.driver.preface_timeout;
-        }
-        if self.driver.idle_timeout.is_some() {
-            c.idle_timeout = self.driver.idle_timeout;
-        }
-        c
+    /// `c` with the driver's preface and idle deadlines: what the driver
+    /// applies to each connection, applied once to the shared configuration
+    /// (so `Connection::set_deadlines` finds nothing to change and no
+    /// connection copies it).
+    fn with_driver_deadlines(&self, c: h2::Config) -> h2::Config {
+        c.with_deadlines(self.driver.preface_timeout, self.driver.idle_timeout)
     }
 }
 

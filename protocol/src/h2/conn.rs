@@ -295,11 +295,13 @@ impl Connection {
     /// where a value is given (the driver applies its listener settings).
     /// The shared configuration is copied only when a value differs.
     pub fn set_deadlines(&mut self, preface: Option<Duration>, idle: Option<Duration>) {
-        if preface.is_some() && preface != self.cfg.preface_timeout {
-            Arc::make_mut(&mut self.cfg).preface_timeout = preface;
-        }
-        if idle.is_some() && idle != self.cfg.idle_timeout {
-            Arc::make_mut(&mut self.cfg).idle_timeout = idle;
+        let wanted = (
+            preface.or(self.cfg.preface_timeout),
+            idle.or(self.cfg.idle_timeout),
+        );
+        if wanted != (self.cfg.preface_timeout, self.cfg.idle_timeout) {
+            let cfg = Arc::make_mut(&mut self.cfg);
+            (cfg.preface_timeout, cfg.idle_timeout) = wanted;
         }
     }
 

@@ -157,6 +157,14 @@ impl Config {
         }
     }
 
+    /// `self` with [`Config::preface_timeout`] and [`Config::idle_timeout`]
+    /// replaced where a value is given (a listener's driver settings).
+    pub fn with_deadlines(mut self, preface: Option<Duration>, idle: Option<Duration>) -> Self {
+        self.preface_timeout = preface.or(self.preface_timeout);
+        self.idle_timeout = idle.or(self.idle_timeout);
+        self
+    }
+
     /// grpc-go's receive behaviour: 64 KiB initial windows grown by BDP
     /// estimation up to 16 MiB.
     pub fn grpc_go_like(role: Role) -> Self {
