@@ -461,9 +461,10 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             .handshake_deadline
             .set(monoio::time::Instant::now().checked_add(self.0.cfg.handshake_timeout));
         self.0.rearm();
-        // Nested rather than a `let`: the read's outcome then takes no
-        // slot of its own beside the read loop in this future (155 bytes
-        // in every connection's task).
+        // A future of its own, with the read's outcome passed straight in:
+        // kept in this future across the writer's await points, the outcome
+        // had slots beside the read loop (this future 680 → 536 bytes, in
+        // every connection's task).
         self.after_read(writer, self.0.read_loop(rd).await).await
     }
 
