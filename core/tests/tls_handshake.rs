@@ -384,6 +384,42 @@ fn min_version_tls13_and_cipher_suite_restrictions_are_negotiated() {
     );
 }
 
+#[test]
+fn the_server_picks_aes_128_gcm_as_go_does_whatever_the_client_prefers() {
+    let pki = Pki::new();
+    let mut so = pki.server_options();
+    so.client_ca = None;
+    // rustls' own order offers AES-256-GCM first.
+    let offered = rustls::crypto::aws_lc_rs::default_provider();
+    assert_eq!(
+        offered.cipher_suites[0].suite(),
+        CipherSuite::TLS13_AES_256_GCM_SHA384
+    );
+    let mut cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(offered))
+        .with_protocol_versions(TlsMinVersion::Tls12.versions())
+        .unwrap()
+        .with_root_certificates(root_store(&pki))
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let server_name = pki.client_tls().server_name.clone();
+    let mut c =
+        konn_core::io::tls::TlsLayer::client(std::sync::Arc::new(cfg), server_name, 65536).unwrap();
+    let mut s = so.build().unwrap().layer().unwrap();
+    handshake(&mut c, &mut s).unwrap();
+    assert_eq!(
+        s.cipher_suite(),
+        Some(CipherSuite::TLS13_AES_128_GCM_SHA256)
+    );
+    // konn's client offers Go's order itself.
+    let mut c = pki.client_tls().layer().unwrap();
+    let mut s = pki.server_options().build().unwrap().layer().unwrap();
+    handshake(&mut c, &mut s).unwrap();
+    assert_eq!(
+        c.cipher_suite(),
+        Some(CipherSuite::TLS13_AES_128_GCM_SHA256)
+    );
+}
+
 fn root_store(pki: &Pki) -> rustls::RootCertStore {
     konn_core::io::tls::pem::load_ca_bundle(&pki.ca.pem.cert_source("ca")).unwrap()
 }
