@@ -13,6 +13,7 @@ use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 use monoio::net::{TcpStream, UnixStream};
 
 use super::pool::BufPool;
+use super::runtime::{Either, race};
 pub use super::uring::PACKET_HEADROOM;
 use super::uring::{self, RingRead, RingWrite};
 use crate::Error;
@@ -152,8 +153,9 @@ impl PacketWrite {
 /// data comes, and an idle connection would keep its read buffer. Callers
 /// pass `relaxed = false` after a read that did not fill its buffer (the
 /// socket is probably drained): monoio then asks the kernel (`poll`, one
-/// syscall — in place of the read that would have found nothing). io_uring
-/// ignores the flag (its poll is always exact).
+/// syscall — in place of the read that would have found nothing), once:
+/// see [`exact_then_trusting`]. io_uring ignores the flag (its poll is
+/// always exact).
 pub trait ReadReady {
     /// Resolves when data (or EOF, or an error) is ready to read.
     fn read_ready(&self, relaxed: bool) -> impl Future<Output = io::Result<()>>;
@@ -161,14 +163,48 @@ pub trait ReadReady {
 
 impl ReadReady for TcpStream {
     fn read_ready(&self, relaxed: bool) -> impl Future<Output = io::Result<()>> {
-        self.readable(relaxed)
+        exact_then_trusting(relaxed, || self.readable(false), || self.readable(true))
     }
 }
 
 impl ReadReady for UnixStream {
     fn read_ready(&self, relaxed: bool) -> impl Future<Output = io::Result<()>> {
-        self.readable(relaxed)
+        exact_then_trusting(relaxed, || self.readable(false), || self.readable(true))
     }
+}
+
+/// An exact readiness wait that asks the kernel at most once.
+///
+/// monoio's exact wait (`readable(false)`) polls the socket with `poll(2)`
+/// both before it parks (when its cached readiness is set) and again after
+/// epoll woke it, so every wait for the next message cost two syscalls
+/// (about five waits per S4 dial on the server). Only the first is needed:
+/// it either finds data, or clears the stale cached readiness, after which
+/// the next epoll event is fresh and can be trusted. So under epoll the
+/// exact wait is polled once, then dropped (monoio's epoll driver keeps no
+/// state for it) for a trusting wait (`relaxed`), which asks nothing when
+/// woken. Under io_uring (a poll operation each) both are exact anyway.
+async fn exact_then_trusting<E, T>(
+    relaxed: bool,
+    exact: impl FnOnce() -> E,
+    trusting: impl FnOnce() -> T,
+) -> io::Result<()>
+where
+    E: Future<Output = io::Result<()>>,
+    T: Future<Output = io::Result<()>>,
+{
+    if relaxed {
+        return trusting().await;
+    }
+    if !monoio::utils::is_legacy() {
+        return exact().await;
+    }
+    // Both futures are polled within this one poll of ours: no epoll event
+    // is handled between the exact check and the trusting wait.
+    if let Either::Left(r) = race(exact(), std::future::ready(())).await {
+        return r;
+    }
+    trusting().await
 }
 
 impl<T: ReadReady> ReadReady for OwnedReadHalf<T> {
@@ -239,5 +275,58 @@ mod peer_tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         assert_eq!(super::peer_credentials(c.as_raw_fd()), None);
+    }
+}
+
+#[cfg(test)]
+mod ready_tests {
+    use std::time::Duration;
+
+    use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+    use monoio::net::{TcpListener, TcpStream};
+
+    use super::ReadReady;
+    use crate::io::runtime::{Either, race, run_on_each_engine};
+
+    const WAIT: Duration = Duration::from_secs(20);
+
+    /// After a read that did not fill its buffer, monoio's cached readiness
+    /// is stale: the exact wait must not resolve on it, and must resolve on
+    /// the next data (the trusting half of `exact_then_trusting`), twice.
+    #[test]
+    fn an_exact_wait_skips_stale_readiness_and_wakes_for_new_data() {
+        run_on_each_engine(|engine| async move {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let mut peer = TcpStream::connect_addr(addr).await.unwrap();
+            let (mut conn, _) = listener.accept().await.unwrap();
+            for round in 0..2 {
+                let (res, _) = peer.write_all(b"hello".to_vec()).await;
+                res.unwrap();
+                conn.read_ready(false).await.unwrap();
+                let (res, buf) = conn.read(Vec::with_capacity(4096)).await;
+                assert_eq!(res.unwrap(), 5, "{engine} round {round}");
+                assert_eq!(buf, b"hello");
+                // Nothing more is coming: the wait must not resolve (a
+                // bounded negative check; it cannot pass by luck).
+                let quiet = race(
+                    conn.read_ready(false),
+                    monoio::time::sleep(Duration::from_millis(50)),
+                )
+                .await;
+                assert!(
+                    matches!(quiet, Either::Right(())),
+                    "{engine} round {round}: resolved on stale readiness"
+                );
+            }
+            // Data that arrives while the wait is parked wakes it.
+            let waiter = race(conn.read_ready(false), monoio::time::sleep(WAIT));
+            let writer = async {
+                let (res, _) = peer.write_all(b"x".to_vec()).await;
+                res.unwrap();
+            };
+            let (woken, ()) = crate::io::runtime::join(waiter, writer).await;
+            assert!(matches!(woken, Either::Left(Ok(()))), "{engine}: not woken");
+        });
     }
 }
