@@ -114,6 +114,7 @@ pub fn start<O: Options>(mut cmd: Command, program: &str, role: &str) -> Result<
 pub fn abort_on_panic() {
     let print = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
+        log::flush();
         print(info);
         std::process::abort();
     }));

@@ -28,6 +28,14 @@ use konn_server::settings::ServerSettings;
 konn_core::mimalloc_global_allocator!();
 
 fn main() -> ExitCode {
+    let code = serve_until_stopped();
+    // INFO lines are gathered for a few milliseconds before they are
+    // written: write the last of them.
+    konn_core::log::flush();
+    code
+}
+
+fn serve_until_stopped() -> ExitCode {
     let opts: ServerOptions = match app::start(options::command(), options::PROGRAM, "server") {
         Ok(opts) => opts,
         Err(code) => return code,

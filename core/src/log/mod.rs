@@ -353,6 +353,13 @@ pub fn init(config: &LogConfig, program: &str) -> Result<(), LogError> {
     tracing::subscriber::set_global_default(sub).map_err(|_| LogError::AlreadyInitialized)
 }
 
+/// Writes the log lines still waiting to be written to stderr (INFO lines
+/// are gathered for a few milliseconds: `output`'s module docs). Call it
+/// before the process exits.
+pub fn flush() {
+    output::flush();
+}
+
 /// The `tracing` layer that filters, formats and writes klog lines.
 #[derive(Debug)]
 struct KlogLayer {
