@@ -1148,6 +1148,7 @@ fn preface_deadline_fails_a_silent_peer() {
     let mut c = Connection::new(deadline_cfg(), t0());
     let mut out = BytesMut::new();
     c.poll_transmit(t0(), &mut out, usize::MAX);
+    assert!(out.is_empty(), "a server waits for the client's preface");
     // Half a preface is no progress.
     let mut input = BytesMut::from(&wire::PREFACE[..10]);
     c.handle_input(t0() + Duration::from_secs(5), &mut input)
@@ -1165,7 +1166,16 @@ fn preface_deadline_fails_a_silent_peer() {
     ));
     out.clear();
     c.poll_transmit(t0(), &mut out, usize::MAX);
-    let (f, _) = wire::decode(&out, 1 << 24).unwrap().unwrap();
+    // Its own preface (SETTINGS, then the window's growth) still comes
+    // first (RFC 9113 §3.4), then the GOAWAY.
+    let (f, n) = wire::decode(&out, 1 << 24).unwrap().unwrap();
+    assert!(matches!(f, Frame::Settings { ack: false, .. }), "{f:?}");
+    let (f, m) = wire::decode(&out[n..], 1 << 24).unwrap().unwrap();
+    assert!(
+        matches!(f, Frame::WindowUpdate { stream_id: 0, .. }),
+        "{f:?}"
+    );
+    let (f, _) = wire::decode(&out[n + m..], 1 << 24).unwrap().unwrap();
     let Frame::GoAway { debug_data, .. } = f else {
         panic!("{f:?}")
     };

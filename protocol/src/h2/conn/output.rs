@@ -20,7 +20,15 @@ impl Connection {
     pub fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
         self.saw(now);
         let start = out.len();
-        if !self.preface_sent {
+        // A server sends its preface once the client's has come (or it has
+        // something else to send first, such as a GOAWAY): clients send
+        // theirs at once, so the SETTINGS, the ACK of the client's and the
+        // first response go out in one write instead of two (one fewer
+        // send and wake-up per konnectivity-client dial, which opens a
+        // connection per dial).
+        if !self.preface_sent
+            && (self.preface_received || !self.control.is_empty() || self.error.is_some())
+        {
             self.write_preface(out);
         }
         while let Some(c) = self.control.pop_front() {
