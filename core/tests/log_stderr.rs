@@ -118,3 +118,53 @@ fn a_gathered_line_is_written_while_the_process_runs_on() {
     let _ = c.wait();
     assert!(seen, "the line was not written before the child ended");
 }
+
+/// The blocked-signal mask (`SigBlk`) of this process's thread `name`.
+fn blocked_signals(name: &str) -> Option<u64> {
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+        return u64::from_str_radix(mask.trim(), 16).ok();
+    }
+    None
+}
+
+#[test]
+fn the_flusher_thread_blocks_every_signal() {
+    // It starts with the first log line, before the server blocks SIGHUP
+    // (with --clusters-config it reloads on it): a SIGHUP landing on the
+    // flusher would end the process.
+    if std::env::var(CHILD).as_deref() == Ok("signals") {
+        init();
+        tracing::info!("starts-the-flusher");
+        let bit = |sig: i32| 1u64 << (sig - 1);
+        let wanted =
+            bit(libc::SIGHUP) | bit(libc::SIGINT) | bit(libc::SIGTERM) | bit(libc::SIGUSR1);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let mask = blocked_signals("log-flush");
+            if mask.is_some_and(|m| m & wanted == wanted) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the flusher's blocked signals: {mask:x?}"
+            );
+            std::thread::yield_now();
+        }
+        log::flush();
+        std::process::exit(0);
+    }
+    let out = child("the_flusher_thread_blocks_every_signal", "signals")
+        .output()
+        .expect("run the child");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

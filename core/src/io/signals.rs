@@ -94,6 +94,26 @@ pub fn block_reload_signal() -> io::Result<()> {
     block(&hangup_set())
 }
 
+/// Block every signal that can be blocked in this thread: for helper
+/// threads that may exist before the binary blocks the signals it waits
+/// for (the log flusher starts with the first log line, before the server
+/// blocks SIGHUP), so a process-directed signal never lands on them and
+/// takes its default action there.
+pub fn block_all_signals() -> io::Result<()> {
+    block(&all_set())
+}
+
+#[allow(unsafe_code)]
+fn all_set() -> libc::sigset_t {
+    // SAFETY: sigfillset initialises the set we own, given a valid pointer
+    // to a local.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        set
+    }
+}
+
 /// Wait for SIGHUP (blocked with [`block_reload_signal`]).
 pub fn wait_reload_signal() -> io::Result<()> {
     wait(&hangup_set()).map(|_| ())

@@ -98,16 +98,19 @@ impl StderrBatch {
             Self::write_out(&mut pending);
         } else if was_empty {
             drop(pending);
-            self.start_flusher();
-            self.wake.notify_one();
+            if self.start_flusher() {
+                self.wake.notify_one();
+            } else {
+                self.flush();
+            }
         }
     }
 
-    /// Writes what is waiting, then `line`.
+    /// Writes what is waiting and `line` after it, in one `write`.
     fn write_now(&self, line: &[u8]) {
         let mut pending = self.lock();
+        pending.extend_from_slice(line);
         Self::write_out(&mut pending);
-        let _ = io::stderr().write_all(line);
     }
 
     fn flush(&self) {
@@ -116,12 +119,16 @@ impl StderrBatch {
 
     /// The thread that writes gathered lines [`FLUSH_DELAY`] after the
     /// first of them (started with the first gathered line). If it cannot
-    /// be started, lines are written at once instead.
-    fn start_flusher(&'static self) {
+    /// be started, lines are written at once instead: returns whether it
+    /// runs.
+    fn start_flusher(&'static self) -> bool {
         self.flusher.call_once(|| {
             let started = std::thread::Builder::new()
                 .name("log-flush".into())
                 .spawn(move || {
+                    // It starts with the first log line, possibly before
+                    // the binary blocks a signal it waits for (SIGHUP).
+                    let _ = crate::io::signals::block_all_signals();
                     loop {
                         let mut pending = self.lock();
                         while pending.is_empty() {
@@ -139,6 +146,7 @@ impl StderrBatch {
                 NO_FLUSHER.store(true, Ordering::Relaxed);
             }
         });
+        !NO_FLUSHER.load(Ordering::Relaxed)
     }
 }
 
