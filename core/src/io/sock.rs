@@ -286,7 +286,7 @@ mod ready_tests {
     use monoio::net::{TcpListener, TcpStream};
 
     use super::ReadReady;
-    use crate::io::runtime::{Either, race, run_on_each_engine};
+    use crate::io::runtime::{Either, join, race, run_on_each_engine};
 
     const WAIT: Duration = Duration::from_secs(20);
 
@@ -325,7 +325,7 @@ mod ready_tests {
                 let (res, _) = peer.write_all(b"x".to_vec()).await;
                 res.unwrap();
             };
-            let (woken, ()) = crate::io::runtime::join(waiter, writer).await;
+            let (woken, ()) = join(waiter, writer).await;
             assert!(matches!(woken, Either::Left(Ok(()))), "{engine}: not woken");
         });
     }
