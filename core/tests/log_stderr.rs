@@ -144,14 +144,14 @@ fn the_flusher_thread_blocks_every_signal() {
         let bit = |sig: i32| 1u64 << (sig - 1);
         let wanted =
             bit(libc::SIGHUP) | bit(libc::SIGINT) | bit(libc::SIGTERM) | bit(libc::SIGUSR1);
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let deadline = konn_core::io::clock::now() + Duration::from_secs(20);
         loop {
             let mask = blocked_signals("log-flush");
             if mask.is_some_and(|m| m & wanted == wanted) {
                 break;
             }
             assert!(
-                std::time::Instant::now() < deadline,
+                konn_core::io::clock::now() < deadline,
                 "the flusher's blocked signals: {mask:x?}"
             );
             std::thread::yield_now();
