@@ -404,9 +404,9 @@ async fn stuck_writer(fe: &GrpcFrontend, dest: &str, state: Rc<StuckFlow>) {
 
 /// Stuck timeout of the rigs that check an order of events: far longer
 /// than any flow here takes, so "the others finished while the stuck flow
-/// was still open" does not depend on how loaded the machine is (without
-/// the extension the others cannot finish before it, and their reads time
-/// out first).
+/// was still open" does not depend on how loaded the machine is. Without
+/// the extension these tests still fail: the others either time out or
+/// finish only after the stuck close.
 const NOT_BEFORE_THE_OTHERS: Duration = WAIT;
 
 /// Stuck timeout of the rigs that wait for a stuck close.
