@@ -11,7 +11,10 @@ use konn_protocol::h2::{Connection, Role};
 pub(super) struct Output {
     /// Client role: the preface is still to come.
     preface_due: bool,
-    transmits: u32,
+    /// Something was written: the connection's own SETTINGS (and window
+    /// growth) may lead only the first output that has frames (a server
+    /// writes them once the client's preface has come, or before a GOAWAY).
+    wrote_any: bool,
     hpack: hpack::Decoder,
     hpack_max: u32,
     /// A header block is open on this stream (CONTINUATION must follow).
@@ -32,7 +35,7 @@ impl Output {
         };
         Self {
             preface_due: role == Role::Client,
-            transmits: 0,
+            wrote_any: false,
             hpack: hpack::Decoder::with_limits(4096, limits),
             hpack_max: 4096,
             open_block: None,
@@ -50,7 +53,6 @@ impl Output {
         mut out: &[u8],
         data: &mut Vec<(u32, Bytes)>,
     ) -> Result<(), String> {
-        self.transmits += 1;
         if self.preface_due {
             if !out.starts_with(wire::PREFACE) {
                 return Err("client output does not start with the preface".into());
@@ -64,7 +66,8 @@ impl Output {
             self.hpack_max = table;
             self.hpack.set_max_table_size(table);
         }
-        let mut first = self.transmits == 1;
+        let mut first = !self.wrote_any && !out.is_empty();
+        self.wrote_any |= !out.is_empty();
         while !out.is_empty() {
             let (frame, n) = match wire::decode(out, wire::MAX_FRAME_LEN) {
                 Ok(Some(f)) => f,

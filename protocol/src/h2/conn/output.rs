@@ -25,10 +25,9 @@ impl Connection {
         // theirs at once, so the SETTINGS, the ACK of the client's and the
         // first response go out in one write instead of two (one fewer
         // send and wake-up per konnectivity-client dial, which opens a
-        // connection per dial).
-        if !self.preface_sent
-            && (self.preface_received || !self.control.is_empty() || self.error.is_some())
-        {
+        // connection per dial). A peer whose preface was not HTTP/2 gets
+        // nothing (that failure queues no GOAWAY).
+        if !self.preface_sent && (self.preface_received || !self.control.is_empty()) {
             self.write_preface(out);
         }
         while let Some(c) = self.control.pop_front() {
