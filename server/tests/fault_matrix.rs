@@ -716,7 +716,8 @@ fn row01_kill_agent_mid_transfer() {
                 "agents not ready".into()
             })?;
             let baseline = fds_of(server.proc.pid());
-            let flows = start_flows(&server, echo.addr, 8, 400)?;
+            // As in row 06c: every flow open while the counts are read.
+            let flows = start_flows(&server, echo.addr, 8, 1200)?;
             let (on_a, _) = endpoints_on(&a, &b, 8.0)?;
             let killed = Instant::now();
             a.proc.kill();
@@ -990,7 +991,11 @@ fn row06c_corruption_between_agent_and_server() {
             check(wait_until(T, || server.ready() == 2.0), || {
                 "agents not ready".into()
             })?;
-            let flows = start_flows(&server, echo.addr, 8, 300)?;
+            // Long enough (≥ 6 s paced) that both agents' endpoint counts
+            // can be read while every flow is still open on a loaded
+            // machine: with 300 chunks (1.5 s) a fresh-clone CI run once
+            // read 0 and an unanswered scrape instead of 8 within 20 s.
+            let flows = start_flows(&server, echo.addr, 8, 1200)?;
             let (on_a, _) = endpoints_on(&a, &b, 8.0)?;
             check(on_a >= 1.0, || "no transfer on agent A; rerun".into())?;
             let corrupt = Instant::now();
