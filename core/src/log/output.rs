@@ -64,13 +64,14 @@ struct StderrBatch {
     pending: Lock<Vec<u8>>,
     /// Tells the flusher thread that `pending` is no longer empty.
     wake: std::sync::Condvar,
-    flusher: std::sync::Once,
+    /// Whether the flusher thread runs (set when it was first needed).
+    flusher: std::sync::OnceLock<bool>,
 }
 
 static STDERR: StderrBatch = StderrBatch {
     pending: Lock::new(Vec::new()),
     wake: std::sync::Condvar::new(),
-    flusher: std::sync::Once::new(),
+    flusher: std::sync::OnceLock::new(),
 };
 
 impl StderrBatch {
@@ -122,8 +123,8 @@ impl StderrBatch {
     /// be started, lines are written at once instead: returns whether it
     /// runs.
     fn start_flusher(&'static self) -> bool {
-        self.flusher.call_once(|| {
-            let started = std::thread::Builder::new()
+        *self.flusher.get_or_init(|| {
+            std::thread::Builder::new()
                 .name("log-flush".into())
                 .spawn(move || {
                     // It starts with the first log line, possibly before
@@ -141,18 +142,16 @@ impl StderrBatch {
                         std::thread::sleep(FLUSH_DELAY);
                         self.flush();
                     }
-                });
-            if started.is_err() {
-                NO_FLUSHER.store(true, Ordering::Relaxed);
-            }
-        });
-        !NO_FLUSHER.load(Ordering::Relaxed)
+                })
+                .is_ok()
+        })
+    }
+
+    /// The flusher thread could not be started: lines are written at once.
+    fn without_flusher(&self) -> bool {
+        self.flusher.get() == Some(&false)
     }
 }
-
-/// Set when the flusher thread could not be started: stderr lines are then
-/// written at once.
-static NO_FLUSHER: AtomicBool = AtomicBool::new(false);
 
 /// Writes the stderr lines still waiting (see the module docs).
 pub(crate) fn flush() {
@@ -319,7 +318,7 @@ impl Output {
             severity >= r.stderr_threshold
         };
         if to_stderr {
-            if severity >= Severity::WARNING || NO_FLUSHER.load(Ordering::Relaxed) {
+            if severity >= Severity::WARNING || STDERR.without_flusher() {
                 STDERR.write_now(line);
             } else {
                 STDERR.gather(line);
