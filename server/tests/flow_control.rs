@@ -420,8 +420,7 @@ fn b_a_destination_that_stops_reading_does_not_stop_the_other_flows() {
         let rig = Rig::start(engine, true, NOT_BEFORE_THE_OTHERS);
         let (sink_addr, accepted) = sink();
         let (socket, echo_addr) = (rig.socket.clone(), echo_addr.clone());
-        let state = Rc::new(StuckFlow::default());
-        let st = state.clone();
+        let st = Rc::new(StuckFlow::default());
         block_on(engine, async move {
             let fe_stuck = GrpcFrontend::connect_unix(&socket).await.unwrap();
             stuck_writer(&fe_stuck, &sink_addr, st.clone()).await;
@@ -453,8 +452,7 @@ fn b_a_destination_that_stops_reading_is_closed_after_the_stuck_timeout() {
         let rig = Rig::start(engine, true, SHORT_STUCK);
         let (sink_addr, accepted) = sink();
         let (socket, echo_addr) = (rig.socket.clone(), echo_addr.clone());
-        let state = Rc::new(StuckFlow::default());
-        let st = state.clone();
+        let st = Rc::new(StuckFlow::default());
         block_on(engine, async move {
             let fe_stuck = GrpcFrontend::connect_unix(&socket).await.unwrap();
             stuck_writer(&fe_stuck, &sink_addr, st.clone()).await;
@@ -500,8 +498,7 @@ fn b_without_the_extension_the_others_wait_for_the_stuck_close_and_lose_nothing(
         let rig = Rig::start(engine, false, stuck_timeout);
         let (sink_addr, accepted) = sink();
         let (socket, echo_addr) = (rig.socket.clone(), echo_addr.clone());
-        let state = Rc::new(StuckFlow::default());
-        let st = state.clone();
+        let st = Rc::new(StuckFlow::default());
         block_on(engine, async move {
             let fe_stuck = GrpcFrontend::connect_unix(&socket).await.unwrap();
             stuck_writer(&fe_stuck, &sink_addr, st.clone()).await;
