@@ -257,6 +257,7 @@ struct Agent {
 }
 
 const OPEN_ENDPOINTS: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
+const DIALS: &str = "konnectivity_network_proxy_agent_dial_duration_seconds_count";
 
 impl Agent {
     fn start(imp: Imp, dir: &TempDir, pki: &PkiFiles, id: &str, server_port: u16) -> Self {
@@ -317,21 +318,52 @@ impl Agent {
     fn open_endpoints(&self) -> f64 {
         self.metric(OPEN_ENDPOINTS).unwrap_or(-1.0)
     }
+
+    /// The destinations this agent has dialed (the dial-latency
+    /// histogram's count), or why no scrape gave it (each port's error or
+    /// status), so a failing row says which it was. Both implementations
+    /// leave the histogram out until the first dial: a scrape that has
+    /// the open-endpoint gauge but not the count is 0.
+    fn dials(&self) -> Result<f64, String> {
+        let mut why = Vec::new();
+        for at in [self.health, self.admin] {
+            match http_get(at, "/metrics") {
+                Ok((status, body)) => match (metric(&body, DIALS), metric(&body, OPEN_ENDPOINTS)) {
+                    (Some(n), _) => return Ok(n),
+                    (None, Some(_)) => return Ok(0.0),
+                    (None, None) => why.push(format!("{at}: HTTP {status} without the series")),
+                },
+                Err(e) => why.push(format!("{at}: {e}")),
+            }
+        }
+        Err(why.join("; "))
+    }
 }
 
-/// The endpoints agents `a` and `b` hold, once both answer and hold `n`
-/// together (a scrape can fail while the machine runs the whole suite:
-/// one failed read is not the row's verdict, a wrong count within `T` is).
-fn endpoints_on(a: &Agent, b: &Agent, n: f64) -> Result<(f64, f64), String> {
-    let mut held = (-1.0, -1.0);
+/// The destinations agents `a` and `b` dialed, once both answer and
+/// dialed `n` together. A count, not the open-endpoint gauge: it holds
+/// after the flows end, so a scrape that fails or answers late while the
+/// machine runs the whole suite is simply asked again within `T` (with
+/// the gauge, a stall longer than the flows lost the row).
+fn dials_on(a: &Agent, b: &Agent, n: f64) -> Result<(f64, f64), String> {
+    let started = Instant::now();
+    let mut scrapes = 0u32;
+    let mut held: (Result<f64, String>, Result<f64, String>) =
+        (Err("not read".into()), Err("not read".into()));
     let ok = wait_until(T, || {
-        held = (a.open_endpoints(), b.open_endpoints());
-        held.0 >= 0.0 && held.1 >= 0.0 && held.0 + held.1 == n
+        scrapes += 1;
+        held = (a.dials(), b.dials());
+        matches!(held, (Ok(x), Ok(y)) if x + y == n)
     });
-    check(ok, || {
-        format!("agents hold {} + {}, not {n}", held.0, held.1)
-    })?;
-    Ok(held)
+    match held {
+        (Ok(x), Ok(y)) if ok => Ok((x, y)),
+        _ => Err(format!(
+            "agents dialed {:?} + {:?}, not {n} (the last of {scrapes} scrapes in {:?})",
+            held.0,
+            held.1,
+            started.elapsed()
+        )),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -477,6 +509,11 @@ impl Flow {
 
     fn received(&self) -> u64 {
         self.received.load(Ordering::Acquire)
+    }
+
+    /// The reader has not ended (the flow is still sending or receiving).
+    fn open(&self) -> bool {
+        !self.reader.is_finished()
     }
 
     fn join(self) -> FlowEnd {
@@ -678,6 +715,19 @@ fn measure(limit: Duration, what: &str, cond: impl FnMut() -> bool) -> Result<Du
 
 /// Starts `n` flows through `server` to `dest` and waits until each has
 /// echoed something.
+/// Chunks of the flows a fault must cut mid-transfer (rows 01 and 06c):
+/// paced for 12 s, so the fault lands while every flow is open even when
+/// the agents' dial counts took several scrapes on a loaded machine.
+const FAULT_FLOW_CHUNKS: usize = 2400;
+
+/// Every flow still open when the fault comes; otherwise the row would
+/// measure a fault that cut nothing.
+fn open_at_fault(flows: &[Flow]) -> Result<(), String> {
+    check(flows.iter().all(Flow::open), || {
+        "a transfer ended before the fault (the agents' counts took too long); rerun".into()
+    })
+}
+
 fn start_flows(
     server: &Server,
     dest: SocketAddr,
@@ -716,9 +766,9 @@ fn row01_kill_agent_mid_transfer() {
                 "agents not ready".into()
             })?;
             let baseline = fds_of(server.proc.pid());
-            // As in row 06c: every flow open while the counts are read.
-            let flows = start_flows(&server, echo.addr, 8, 1200)?;
-            let (on_a, _) = endpoints_on(&a, &b, 8.0)?;
+            let flows = start_flows(&server, echo.addr, 8, FAULT_FLOW_CHUNKS)?;
+            let (on_a, _) = dials_on(&a, &b, 8.0)?;
+            open_at_fault(&flows)?;
             let killed = Instant::now();
             a.proc.kill();
             let ends: Vec<FlowEnd> = flows.into_iter().map(Flow::join).collect();
@@ -991,13 +1041,10 @@ fn row06c_corruption_between_agent_and_server() {
             check(wait_until(T, || server.ready() == 2.0), || {
                 "agents not ready".into()
             })?;
-            // Long enough (≥ 6 s paced) that both agents' endpoint counts
-            // can be read while every flow is still open on a loaded
-            // machine: with 300 chunks (1.5 s) a fresh-clone CI run once
-            // read 0 and an unanswered scrape instead of 8 within 20 s.
-            let flows = start_flows(&server, echo.addr, 8, 1200)?;
-            let (on_a, _) = endpoints_on(&a, &b, 8.0)?;
+            let flows = start_flows(&server, echo.addr, 8, FAULT_FLOW_CHUNKS)?;
+            let (on_a, _) = dials_on(&a, &b, 8.0)?;
             check(on_a >= 1.0, || "no transfer on agent A; rerun".into())?;
+            open_at_fault(&flows)?;
             let corrupt = Instant::now();
             let at = proxy.forwarded(Dir::Up) + 64 * 1024;
             proxy.set(
