@@ -1355,6 +1355,6 @@ async fn write_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut wr: PacketWrite) {
     if !ep.aborted.get() {
         // Boxed: a timer in the task's state would size it for its whole
         // life; this runs once, at the end.
-        let _ = Box::pin(monoio::time::timeout(Duration::from_secs(1), wr.shutdown())).await;
+        let _ = Box::pin(monoio::time::timeout(Duration::from_secs(1), wr.close())).await;
     }
 }

@@ -131,15 +131,26 @@ impl PacketWrite {
         }
     }
 
-    /// Shuts the sending direction down.
+    /// Shuts the sending direction down (the peer reads EOF) and lets go
+    /// of the half.
+    ///
+    /// monoio's TCP write half does that itself when dropped
+    /// (`shutdown(2)` with `SHUT_WR`; see the driver's `fin_on_drop`), so
+    /// it is only dropped: shutting it down first would make its drop a
+    /// second call, which fails with `ENOTCONN` once the peer has closed
+    /// too. A ring half has no such drop: it is shut down with a ring
+    /// operation.
     ///
     /// # Errors
     ///
-    /// The socket's error.
-    pub async fn shutdown(&mut self) -> io::Result<()> {
+    /// The socket's error (ring halves only).
+    pub async fn close(self) -> io::Result<()> {
         match self {
-            Self::Mono(wr) => wr.shutdown().await,
-            Self::Ring(wr) => wr.shutdown().await,
+            Self::Mono(wr) => {
+                drop(wr);
+                Ok(())
+            }
+            Self::Ring(mut wr) => wr.shutdown().await,
         }
     }
 }

@@ -388,7 +388,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             }
             Err(io) => {
                 let (rd, wr) = io.into_split();
-                (Rd::Mono(rd), Wr::Mono(wr))
+                (Rd::Mono(rd), Wr::Mono(wr, fin_on_drop::<IO>()))
             }
         };
         match self.run_halves(rd, wr).await {
@@ -416,7 +416,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             }
             Err(io) => {
                 let (rd, wr) = io.into_split();
-                (Rd::Mono(rd), Wr::Mono(wr))
+                (Rd::Mono(rd), Wr::Mono(wr, fin_on_drop::<IO>()))
             }
         };
         let Some(halted) = self.run_halves(rd, wr).await? else {
@@ -431,7 +431,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         }
         let Halted {
             rd: Rd::Mono(rd),
-            wr: Wr::Mono(wr),
+            wr: Wr::Mono(wr, _),
             session,
             tls,
             input,
@@ -538,16 +538,27 @@ enum Rd<R> {
     Ring(RingRead),
 }
 
-/// The write half, as [`Rd`].
+/// The write half, as [`Rd`]. `Mono`'s flag: dropping the half shuts the
+/// sending direction down ([`fin_on_drop`]).
 enum Wr<W> {
-    Mono(W),
+    Mono(W, bool),
     Ring(RingWrite),
+}
+
+/// Whether dropping monoio's write half of an `IO` shuts the sending
+/// direction down. monoio's `OwnedWriteHalf` (the only write half
+/// `Splitable` makes) calls the stream's `shutdown` when dropped: for a
+/// `TcpStream` that makes the `shutdown(2)` call at once, for a
+/// `UnixStream` it only builds a future nobody polls. Pinned by
+/// `drop_tests`.
+fn fin_on_drop<IO: 'static>() -> bool {
+    std::any::TypeId::of::<IO>() == std::any::TypeId::of::<monoio::net::TcpStream>()
 }
 
 impl<W: AsyncWriteRent> Wr<W> {
     async fn write_all(&mut self, out: BytesMut) -> (std::io::Result<()>, BytesMut) {
         match self {
-            Self::Mono(w) => {
+            Self::Mono(w, _) => {
                 let (r, out) = w.write_all(out).await;
                 (r.map(drop), out)
             }
@@ -555,10 +566,19 @@ impl<W: AsyncWriteRent> Wr<W> {
         }
     }
 
-    async fn shutdown(&mut self) -> std::io::Result<()> {
+    /// Shuts the sending direction down and lets go of the half. A half
+    /// whose drop does the shutdown is only dropped: shutting it down first
+    /// would make the drop a second call (failing with `ENOTCONN` once the
+    /// peer has closed too), one wasted system call per TCP connection.
+    async fn close(self) {
         match self {
-            Self::Mono(w) => w.shutdown().await,
-            Self::Ring(w) => w.shutdown().await,
+            Self::Mono(w, true) => drop(w),
+            Self::Mono(mut w, false) => {
+                let _ = w.shutdown().await;
+            }
+            Self::Ring(mut w) => {
+                let _ = w.shutdown().await;
+            }
         }
     }
 }
@@ -1233,7 +1253,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             ))
             .await;
         }
-        let _ = wr.shutdown().await;
+        wr.close().await;
     }
 
     /// The connection's deadline passed: enforce what is due, run the
@@ -1286,5 +1306,56 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
 impl<S: Session, H: Handler<S>> Expire for Conn<S, H> {
     fn expire(&self) {
         self.on_deadline();
+    }
+}
+
+#[cfg(test)]
+mod drop_tests {
+    use std::time::Duration;
+
+    use monoio::io::{AsyncReadRent, Splitable};
+    use monoio::net::{TcpListener, TcpStream, UnixStream};
+
+    use super::fin_on_drop;
+    use crate::io::runtime::{Either, race, run_on_each_engine};
+
+    /// What [`fin_on_drop`] says about monoio: its TCP write half sends
+    /// FIN when dropped, its Unix one does not (the read half still
+    /// holds the socket). If monoio changes either, this fails and
+    /// `Wr::close` would skip or double a shutdown.
+    #[test]
+    fn a_dropped_tcp_write_half_sends_fin_and_a_unix_one_does_not() {
+        run_on_each_engine(|engine| async move {
+            assert!(fin_on_drop::<TcpStream>());
+            assert!(!fin_on_drop::<UnixStream>());
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let ours = TcpStream::connect_addr(addr).await.unwrap();
+            let (mut peer, _) = listener.accept().await.unwrap();
+            let (_rd, wr) = ours.into_split();
+            drop(wr);
+            let eof = race(
+                peer.read(Vec::with_capacity(8)),
+                monoio::time::sleep(Duration::from_secs(20)),
+            )
+            .await;
+            assert!(
+                matches!(eof, Either::Left((Ok(0), _))),
+                "{engine}: no EOF after the TCP write half was dropped"
+            );
+            let (ours, mut peer) = UnixStream::pair().unwrap();
+            let (_rd, wr) = ours.into_split();
+            drop(wr);
+            // A bounded negative check: no EOF while the read half lives.
+            let quiet = race(
+                peer.read(Vec::with_capacity(8)),
+                monoio::time::sleep(Duration::from_millis(50)),
+            )
+            .await;
+            assert!(
+                matches!(quiet, Either::Right(())),
+                "{engine}: the Unix write half's drop shut the socket down"
+            );
+        });
     }
 }
