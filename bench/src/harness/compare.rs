@@ -98,6 +98,7 @@ const BULK_HEAD: &[&str] = &[
     "server CPU s/GB",
     "agent CPU s/GB",
     "CPU s/GB",
+    "kernel CPU s/GB",
 ];
 const OPEN_HEAD: &[&str] = &[
     "added p50 µs",

@@ -363,6 +363,17 @@ pub fn cpu_ticks(pid: u32) -> Option<Duration> {
     ))
 }
 
+/// Kernel (system) CPU time of process `pid`, all threads, in clock ticks
+/// (`stime` of `/proc/<pid>/stat`): the share of [`cpu_time`] spent in
+/// system calls, the socket copies and the TCP stack. 10 ms ticks, so
+/// read it over windows of seconds.
+pub fn sys_ticks(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let stime: u64 = rest.split_whitespace().nth(12)?.parse().ok()?;
+    Some(Duration::from_millis(stime * 1000 / clock_ticks()))
+}
+
 /// Open file descriptors of process `pid`.
 pub fn fd_count(pid: u32) -> Option<u64> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
@@ -422,5 +433,16 @@ mod tests {
         assert!(super::fd_count(me).is_some_and(|n| n >= 3));
         assert!(super::thread_count(me).is_some_and(|n| n >= 1));
         assert!(super::ctx_switches(me).is_some());
+        // System calls grow the kernel time, which never exceeds the total
+        // (bounded: at most 200 000 calls, about a second).
+        let sys0 = super::sys_ticks(me).unwrap();
+        let mut calls = 0;
+        while super::sys_ticks(me).unwrap() == sys0 && calls < 200_000 {
+            let _ = std::fs::metadata("/");
+            calls += 1;
+        }
+        let (sys, all) = (super::sys_ticks(me).unwrap(), super::cpu_ticks(me).unwrap());
+        assert!(sys > sys0, "no kernel time after {calls} system calls");
+        assert!(sys <= all, "kernel {sys:?} > total {all:?}");
     }
 }

@@ -20,7 +20,7 @@ use super::dests::Dests;
 use super::load::{Conn, Route};
 use super::report::Sample;
 use super::stats::{Lat, open_loop_start};
-use super::{cpu_time, rss_kib};
+use super::{cpu_time, rss_kib, sys_ticks};
 use konn_core::io::runtime::{Either, race};
 use konn_testkit::Error;
 
@@ -53,11 +53,13 @@ pub struct Window {
     pub secs: Duration,
 }
 
-/// CPU time of the server and the agent at one instant.
+/// CPU time of the server and the agent at one instant, and the kernel
+/// time of both together (`None` where `/proc/<pid>/stat` is unreadable).
 #[derive(Clone, Copy, Debug)]
 struct CpuAt {
     server: Duration,
     agent: Duration,
+    kernel: Option<Duration>,
 }
 
 fn cpu_at(pids: Option<(u32, u32)>) -> Option<CpuAt> {
@@ -65,7 +67,29 @@ fn cpu_at(pids: Option<(u32, u32)>) -> Option<CpuAt> {
     Some(CpuAt {
         server: cpu_time(s)?,
         agent: cpu_time(a)?,
+        kernel: sys_ticks(s).zip(sys_ticks(a)).map(|(s, a)| s + a),
     })
+}
+
+/// `kernel <what>`: the server's and the agent's kernel CPU seconds
+/// between `before` and `after`, divided by `per` — what their CPU per
+/// unit would still be with no user-space work at all.
+fn add_kernel_cpu(
+    s: &mut Sample,
+    before: Option<CpuAt>,
+    after: Option<CpuAt>,
+    per: f64,
+    what: &str,
+) {
+    let (Some(b), Some(a)) = (before.and_then(|c| c.kernel), after.and_then(|c| c.kernel)) else {
+        return;
+    };
+    if per > 0.0 {
+        s.insert(
+            format!("kernel {what}"),
+            a.saturating_sub(b).as_secs_f64() / per,
+        );
+    }
 }
 
 /// Add `server <what>`, `agent <what>` and `CPU <what>` (their sum): CPU
@@ -212,6 +236,7 @@ pub async fn bulk(
     s.insert("MB/s".into(), moved / 1e6 / (t1 - t0).as_secs_f64());
     add_cpu(&mut s, c0, c1, moved / 1e9, 1.0, "CPU s/GB");
     rename_cpu(&mut s, "CPU s/GB");
+    add_kernel_cpu(&mut s, c0, c1, moved / 1e9, "CPU s/GB");
     Ok(s)
 }
 
@@ -544,6 +569,7 @@ mod tests {
             Some(CpuAt {
                 server: Duration::from_millis(s),
                 agent: Duration::from_millis(a),
+                kernel: Some(Duration::from_millis(s / 2)),
             })
         };
         let mut s = Sample::new();
@@ -553,10 +579,14 @@ mod tests {
         assert_eq!(s["server CPU s/GB"], 0.75);
         assert_eq!(s["agent CPU s/GB"], 0.25);
         assert_eq!(s["CPU s/GB"], 1.0);
+        // Kernel time of both: 0.75 s for 2 GB.
+        add_kernel_cpu(&mut s, at(500, 0), at(2000, 500), 2.0, "CPU s/GB");
+        assert_eq!(s["kernel CPU s/GB"], 0.375);
         // Nothing measured (direct), or nothing moved: no CPU metrics.
         let mut s = Sample::new();
         add_cpu(&mut s, None, at(1, 1), 1.0, 1.0, "x");
         add_cpu(&mut s, at(0, 0), at(1, 1), 0.0, 1.0, "x");
+        add_kernel_cpu(&mut s, None, at(1, 1), 1.0, "x");
         assert!(s.is_empty());
     }
 }
