@@ -181,6 +181,20 @@ impl Grpc {
         n
     }
 
+    /// Write pending frames, large DATA payloads by reference (see
+    /// [`Connection::poll_transmit_vectored`]).
+    pub fn poll_transmit_vectored(
+        &mut self,
+        now: Instant,
+        out: &mut BytesMut,
+        payloads: &mut crate::h2::Payloads,
+        max: usize,
+    ) -> usize {
+        let n = self.conn.poll_transmit_vectored(now, out, payloads, max);
+        self.pump();
+        n
+    }
+
     /// Run timers (see [`Connection::handle_timeout`]).
     pub fn handle_timeout(&mut self, now: Instant) {
         self.conn.handle_timeout(now);

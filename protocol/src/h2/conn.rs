@@ -26,6 +26,7 @@ mod input;
 // `Connection::check_invariants` (for the fuzz targets and the sim).
 mod invariants;
 mod output;
+pub use output::{MAX_VECTORED, Payloads, VECTORED_MIN};
 mod streams;
 
 /// PING payload of keepalive probes.

@@ -40,7 +40,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use konn_frames::Reason;
 
-pub use conn::{Connection, Stats};
+pub use conn::{Connection, MAX_VECTORED, Payloads, Stats, VECTORED_MIN};
 pub use headers::{Field, Headers, Malformed};
 pub use limits::Limits;
 

@@ -194,6 +194,51 @@ fn bulk_transfer_respects_windows() {
     assert_eq!(p.client.queued_bytes(id), 0);
 }
 
+/// A vectored transmit is the flat one with the large payloads left out of
+/// the buffer: put back at their places, the bytes are the same.
+#[test]
+fn vectored_transmit_reassembles_to_the_flat_bytes() {
+    let sizes = [100usize, 4096, 16_000, 20_000, 3000, 70_000];
+    let run = |vectored: bool| -> (Vec<u8>, usize) {
+        let mut c = Connection::new(Config::new(Role::Client), t0());
+        let id = c.open_stream(grpc_request(), false).unwrap();
+        for (i, n) in sizes.iter().enumerate() {
+            c.send_data(id, Bytes::from(vec![i as u8; *n]), false)
+                .unwrap();
+        }
+        let (mut wire, mut referenced) = (Vec::new(), 0);
+        for _ in 0..100 {
+            let mut out = BytesMut::new();
+            let mut payloads = Payloads::new();
+            let n = if vectored {
+                c.poll_transmit_vectored(t0(), &mut out, &mut payloads, 20_000)
+            } else {
+                c.poll_transmit(t0(), &mut out, 20_000)
+            };
+            if n == 0 {
+                break;
+            }
+            let before = wire.len();
+            let mut at = 0;
+            for (to, p) in &payloads {
+                assert!(p.len() >= VECTORED_MIN, "{} bytes referenced", p.len());
+                wire.extend_from_slice(&out[at..*to]);
+                wire.extend_from_slice(p);
+                at = *to;
+                referenced += p.len();
+            }
+            wire.extend_from_slice(&out[at..]);
+            assert_eq!(n, wire.len() - before, "the count includes the payloads");
+        }
+        (wire, referenced)
+    };
+    let ((flat, none), (vectored, referenced)) = (run(false), run(true));
+    assert_eq!(none, 0);
+    assert!(referenced >= 4096 + 16_000, "{referenced} bytes referenced");
+    assert!(flat.len() > 65_535, "a whole window was written");
+    assert_eq!(flat, vectored);
+}
+
 #[test]
 fn writable_event_after_drain() {
     let mut p = Pair::default_pair();

@@ -74,6 +74,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use konn_protocol::h2::Payloads;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Split, Splitable};
 
@@ -536,6 +537,40 @@ type ReadOutcome<R> = (Result<(), Error>, Option<Rd<R>>, (BytesMut, BytesMut));
 enum Rd<R> {
     Mono(R),
     Ring(RingRead),
+}
+
+/// Leaves in `plain` and `payloads` what rustls did not take (`used`
+/// bytes accepted) of a vectored transmit — `plain` with `payloads` put in
+/// at their places. rustls takes at most its outgoing buffer's limit (64
+/// KiB by default) of a transmit of up to `max_write_batch`, so this runs
+/// for most bulk transmits: nothing is copied, the consumed head of
+/// `plain` and the consumed payloads are dropped and the rest renumbered.
+fn keep_unsent(plain: &mut BytesMut, payloads: &mut Payloads, used: usize) {
+    let mut left = used;
+    // Bytes of `plain` consumed, and payloads consumed whole.
+    let mut from = 0;
+    let mut done = 0;
+    for (to, p) in payloads.iter_mut() {
+        let gap = to.saturating_sub(from).min(left);
+        from += gap;
+        left -= gap;
+        if left == 0 {
+            break;
+        }
+        let k = left.min(p.len());
+        p.advance(k);
+        left -= k;
+        if !p.is_empty() {
+            break;
+        }
+        done += 1;
+    }
+    from += left.min(plain.len().saturating_sub(from));
+    payloads.drain(..done);
+    plain.advance(from);
+    for (to, _) in payloads.iter_mut() {
+        *to = to.saturating_sub(from);
+    }
 }
 
 /// The write half, as [`Rd`]. `Mono`'s flag: dropping the half shuts the
@@ -1144,28 +1179,8 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         let mut out = BytesMut::new();
         let mut last_write = None;
         let result = loop {
-            if plain.is_empty() {
-                // A busy writer keeps its room; a fresh or released one
-                // allocates only when there is output.
-                if plain.capacity() > 0 {
-                    plain.reserve(WRITE_CHUNK);
-                }
-                self.session.borrow_mut().poll_transmit(
-                    super::clock::now(),
-                    &mut plain,
-                    self.cfg.max_write_batch,
-                );
-                self.dispatch();
-            }
-            if let Some(t) = self.tls.borrow_mut().as_mut() {
-                let used = match t.write_plaintext(&plain) {
-                    Ok(n) => n,
-                    Err(e) => break Err(e),
-                };
-                plain.advance(used);
-                t.take_tls(&mut out);
-            } else {
-                std::mem::swap(&mut plain, &mut out);
+            if let Err(e) = self.produce(&mut plain, &mut out) {
+                break Err(e);
             }
             if out.is_empty() {
                 if self.detach.get() && plain.is_empty() && !self.closed.get() {
@@ -1241,6 +1256,53 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
         result.map(|()| None)
     }
 
+    /// The writer's step that does not wait: refill `plain` from the
+    /// session when it is empty, then under TLS encrypt what rustls takes
+    /// of it into `out`, or without TLS make it `out` (which is empty).
+    /// Under TLS large DATA payloads are not copied into `plain`: rustls
+    /// gets them as slices and copies them once, into its records. Not
+    /// async, so the payload list lives in the TLS layer, not in every
+    /// writer task's state.
+    fn produce(&self, plain: &mut BytesMut, out: &mut BytesMut) -> Result<(), Error> {
+        let mut payloads = self.tls.borrow_mut().as_mut().map(|t| t.take_payloads());
+        if plain.is_empty() && payloads.as_ref().is_none_or(Vec::is_empty) {
+            // A busy writer keeps its room; a fresh or released one
+            // allocates only when there is output.
+            if plain.capacity() > 0 {
+                plain.reserve(WRITE_CHUNK);
+            }
+            let now = super::clock::now();
+            let max = self.cfg.max_write_batch;
+            match payloads.as_mut() {
+                Some(list) => {
+                    self.session
+                        .borrow_mut()
+                        .poll_transmit_vectored(now, plain, list, max);
+                }
+                None => {
+                    self.session.borrow_mut().poll_transmit(now, plain, max);
+                }
+            }
+            self.dispatch();
+        }
+        let mut tls = self.tls.borrow_mut();
+        let Some(t) = tls.as_mut() else {
+            std::mem::swap(plain, out);
+            return Ok(());
+        };
+        let mut payloads = payloads.unwrap_or_default();
+        let written = if payloads.is_empty() {
+            t.write_plaintext(plain).map(|used| plain.advance(used))
+        } else {
+            t.write_plaintext_vectored(plain, &payloads)
+                .map(|used| keep_unsent(plain, &mut payloads, used))
+        };
+        t.put_payloads(payloads);
+        written?;
+        t.take_tls(out);
+        Ok(())
+    }
+
     /// The writer's last steps: the remaining output if `send` (within the
     /// write timeout), then the socket's shutdown.
     async fn goodbye<W: AsyncWriteRent>(&self, mut wr: Wr<W>, out: BytesMut, send: bool) {
@@ -1306,6 +1368,58 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
 impl<S: Session, H: Handler<S>> Expire for Conn<S, H> {
     fn expire(&self) {
         self.on_deadline();
+    }
+}
+
+#[cfg(test)]
+mod vectored_tests {
+    use bytes::{Bytes, BytesMut};
+    use konn_protocol::h2::Payloads;
+
+    use super::keep_unsent;
+
+    fn joined(plain: &[u8], payloads: &Payloads) -> Vec<u8> {
+        let (mut all, mut at) = (Vec::new(), 0);
+        for (to, p) in payloads {
+            all.extend_from_slice(&plain[at..*to]);
+            all.extend_from_slice(p);
+            at = *to;
+        }
+        all.extend_from_slice(&plain[at..]);
+        all
+    }
+
+    /// Whatever rustls took, what is left is exactly the rest of the
+    /// transmit, in order, with nothing copied into `plain` that was not
+    /// there (payloads stay referenced).
+    #[test]
+    fn what_rustls_did_not_take_is_kept_in_order() {
+        // (the buffer, the payloads and their places)
+        type Layout<'a> = (&'a [u8], &'a [(usize, &'a [u8])]);
+        let layouts: [Layout<'_>; 4] = [
+            (b"hhhhtt", &[(2, b"PPPP"), (4, b"QQ")]),
+            (b"hh", &[(2, b"PPPP")]),
+            (b"", &[(0, b"PPPP"), (0, b"QQQ")]),
+            (b"abc", &[(0, b"PP"), (1, b"Q"), (3, b"RRR")]),
+        ];
+        for (head, list) in layouts {
+            let payloads: Payloads = list
+                .iter()
+                .map(|(at, p)| (*at, Bytes::copy_from_slice(p)))
+                .collect();
+            let whole = joined(head, &payloads);
+            for used in 0..=whole.len() {
+                let mut plain = BytesMut::from(head);
+                let mut rest = payloads.clone();
+                keep_unsent(&mut plain, &mut rest, used);
+                assert_eq!(joined(&plain, &rest), whole[used..], "{head:?} used {used}");
+                assert!(plain.len() <= head.len(), "nothing copied into plain");
+                assert!(
+                    rest.iter().all(|(_, p)| !p.is_empty()),
+                    "no empty payload kept"
+                );
+            }
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use konn_protocol::grpc::Grpc;
-use konn_protocol::h2::Connection;
+use konn_protocol::h2::{Connection, Payloads};
 
 use crate::Error;
 
@@ -17,6 +17,15 @@ pub trait Session {
     fn handle_input(&mut self, now: Instant, input: &mut BytesMut) -> Result<(), Error>;
     /// Produce output.
     fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize;
+    /// Produce output, large DATA payloads by reference (see
+    /// `konn_protocol::h2::Connection::poll_transmit_vectored`).
+    fn poll_transmit_vectored(
+        &mut self,
+        now: Instant,
+        out: &mut BytesMut,
+        payloads: &mut Payloads,
+        max: usize,
+    ) -> usize;
     /// Run timers.
     fn handle_timeout(&mut self, now: Instant);
     /// The next event.
@@ -46,6 +55,15 @@ impl Session for Grpc {
     }
     fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
         Self::poll_transmit(self, now, out, max)
+    }
+    fn poll_transmit_vectored(
+        &mut self,
+        now: Instant,
+        out: &mut BytesMut,
+        payloads: &mut Payloads,
+        max: usize,
+    ) -> usize {
+        Self::poll_transmit_vectored(self, now, out, payloads, max)
     }
     fn handle_timeout(&mut self, now: Instant) {
         Self::handle_timeout(self, now);
@@ -80,6 +98,15 @@ impl Session for Connection {
     }
     fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
         Self::poll_transmit(self, now, out, max)
+    }
+    fn poll_transmit_vectored(
+        &mut self,
+        now: Instant,
+        out: &mut BytesMut,
+        payloads: &mut Payloads,
+        max: usize,
+    ) -> usize {
+        Self::poll_transmit_vectored(self, now, out, payloads, max)
     }
     fn handle_timeout(&mut self, now: Instant) {
         Self::handle_timeout(self, now);

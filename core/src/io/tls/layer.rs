@@ -42,6 +42,7 @@ use std::io;
 use std::sync::Arc;
 
 use bytes::{BufMut, BytesMut};
+use konn_protocol::h2::{MAX_VECTORED, Payloads};
 use rustls::client::ClientConfig;
 use rustls::server::ServerConfig;
 use rustls::{ClientConnection, Connection, ServerConnection};
@@ -72,6 +73,9 @@ pub struct TlsLayer {
     peer_closed: bool,
     /// The first fatal error, repeated to later calls.
     failed: Option<rustls::Error>,
+    /// The writer's referenced payloads that rustls has not taken yet, or
+    /// an empty list kept for its capacity ([`Self::take_payloads`]).
+    payloads: Payloads,
 }
 
 impl std::fmt::Debug for TlsLayer {
@@ -112,6 +116,7 @@ impl TlsLayer {
             closing: false,
             peer_closed: false,
             failed: None,
+            payloads: Payloads::new(),
         }
     }
 
@@ -242,6 +247,61 @@ impl TlsLayer {
         io::Write::write(&mut self.conn.writer(), src).map_err(Error::Io)
     }
 
+    /// [`Self::write_plaintext`] for a vectored transmit: `head` with each
+    /// of `payloads` put in at its place (see [`Payloads`]), handed to
+    /// rustls as slices, so it copies every payload once, into its record,
+    /// and not first into `head`. Returns how much of the whole was
+    /// accepted.
+    pub fn write_plaintext_vectored(
+        &mut self,
+        head: &[u8],
+        payloads: &Payloads,
+    ) -> Result<usize, Error> {
+        self.check_failed()?;
+        if self.closing {
+            return Err(Error::TlsWriteAfterClose);
+        }
+        if payloads.len() > MAX_VECTORED {
+            return Err(Error::Usage("more payloads than a vectored transmit holds"));
+        }
+        let mut slices = [io::IoSlice::new(&[]); 2 * MAX_VECTORED + 1];
+        let mut k = 0;
+        let mut at = 0;
+        for (to, payload) in payloads {
+            let Some(gap) = head.get(at..*to) else {
+                return Err(Error::Usage("payload positions out of order"));
+            };
+            for part in [gap, payload.as_ref()] {
+                if !part.is_empty() {
+                    slices[k] = io::IoSlice::new(part);
+                    k += 1;
+                }
+            }
+            at = *to;
+        }
+        if let Some(tail) = head.get(at..).filter(|t| !t.is_empty()) {
+            slices[k] = io::IoSlice::new(tail);
+            k += 1;
+        }
+        io::Write::write_vectored(&mut self.conn.writer(), &slices[..k]).map_err(Error::Io)
+    }
+
+    /// The payload list: what rustls has not taken yet of the last
+    /// vectored transmit, or an empty list with the capacity the last one
+    /// grew. Give it back with [`Self::put_payloads`].
+    pub fn take_payloads(&mut self) -> Payloads {
+        std::mem::take(&mut self.payloads)
+    }
+
+    /// Gives the payload list back: with what rustls did not take yet
+    /// (the next vectored write starts with it), or empty for its
+    /// capacity.
+    pub fn put_payloads(&mut self, payloads: Payloads) {
+        if !payloads.is_empty() || payloads.capacity() > self.payloads.capacity() {
+            self.payloads = payloads;
+        }
+    }
+
     /// Appends all pending ciphertext (handshake messages, records, alerts)
     /// to `dst`; returns the number of bytes appended.
     pub fn take_tls(&mut self, dst: &mut BytesMut) -> usize {
@@ -291,6 +351,9 @@ impl TlsLayer {
         }
         if self.failed.is_none() && !self.eof && !self.conn.is_handshaking() {
             let _ = self.conn.read_tls(&mut Nothing);
+        }
+        if self.payloads.is_empty() {
+            self.payloads = Payloads::new();
         }
     }
 

@@ -1,10 +1,12 @@
 //! Output: `poll_transmit` writes the client preface, queued control
 //! frames and the ready streams' HEADERS and DATA within the peer's flow
-//! control windows.
+//! control windows. `poll_transmit_vectored` does the same but hands large
+//! DATA payloads out as references to the application's buffers instead
+//! of copying them (a TLS layer copies them into its records anyway).
 
 use std::time::Instant;
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use konn_frames::Reason;
 use konn_frames::h2::{self as wire, SettingId, Settings};
 use konn_frames::hpack;
@@ -14,12 +16,53 @@ use crate::h2::headers::Headers;
 use crate::h2::stream::{Closed, SendItem, State};
 use crate::h2::{Event, Role};
 
+/// DATA payloads at least this long are referenced by
+/// [`Connection::poll_transmit_vectored`], not copied: below it the copy
+/// costs less than one more slice for the layer underneath.
+pub const VECTORED_MIN: usize = 4096;
+
+/// At most this many payloads are referenced per vectored transmit (later
+/// ones are copied), so a driver can keep the slices on its stack.
+pub const MAX_VECTORED: usize = 32;
+
+/// Payloads a vectored transmit kept out of its buffer: `(at, payload)`
+/// means `payload` follows the buffer's first `at` bytes (and the earlier
+/// entries' payloads), in order.
+pub type Payloads = Vec<(usize, Bytes)>;
+
 impl Connection {
     /// Write pending frames into `out` until it holds at least `max` bytes
     /// or nothing is left. Returns the number of bytes written.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut, max: usize) -> usize {
+        self.transmit(now, out, None, max)
+    }
+
+    /// [`Connection::poll_transmit`], but DATA payloads of at least
+    /// [`VECTORED_MIN`] bytes (up to [`MAX_VECTORED`] of them) are appended
+    /// to `payloads` instead of copied into `out`: the output is `out`
+    /// with each `(at, payload)` inserted at `at` (see [`Payloads`]).
+    /// Returns the number of bytes of output, payloads included.
+    pub fn poll_transmit_vectored(
+        &mut self,
+        now: Instant,
+        out: &mut BytesMut,
+        payloads: &mut Payloads,
+        max: usize,
+    ) -> usize {
+        self.transmit(now, out, Some(payloads), max)
+    }
+
+    fn transmit(
+        &mut self,
+        now: Instant,
+        out: &mut BytesMut,
+        mut payloads: Option<&mut Payloads>,
+        max: usize,
+    ) -> usize {
         self.saw(now);
+        // Output so far: what `out` gained plus the referenced payloads.
         let start = out.len();
+        let mut referenced = 0;
         // A server sends its preface once the client's has come (or it has
         // something else to send first, such as a GOAWAY): clients send
         // theirs at once, so the SETTINGS, the ACK of the client's and the
@@ -40,12 +83,13 @@ impl Connection {
             return out.len() - start;
         }
         let mut rounds = self.ready.len();
-        while rounds > 0 && out.len() - start < max {
+        while rounds > 0 && out.len() - start + referenced < max {
             rounds -= 1;
             let Some(id) = self.ready.pop_front() else {
                 break;
             };
-            let progressed = self.write_stream(now, id, out);
+            let progressed =
+                self.write_stream(now, id, out, payloads.as_deref_mut(), &mut referenced);
             let Some(s) = self.streams.get_mut(&id) else {
                 continue;
             };
@@ -62,7 +106,7 @@ impl Connection {
                 break;
             }
         }
-        out.len() - start
+        out.len() - start + referenced
     }
 
     fn write_preface(&mut self, out: &mut BytesMut) {
@@ -102,9 +146,18 @@ impl Connection {
             .is_some_and(|i| matches!(i, SendItem::Data { data, .. } if !data.is_empty()))
     }
 
-    /// Write at most one frame (or header block) of stream `id`. Returns
-    /// whether anything was written.
-    fn write_stream(&mut self, _now: Instant, id: u32, out: &mut BytesMut) -> bool {
+    /// Write at most one frame (or header block) of stream `id`; a DATA
+    /// payload goes to `payloads` (and its length to `referenced`) when
+    /// given, long enough and there is room. Returns whether anything was
+    /// written.
+    fn write_stream(
+        &mut self,
+        _now: Instant,
+        id: u32,
+        out: &mut BytesMut,
+        payloads: Option<&mut Payloads>,
+        referenced: &mut usize,
+    ) -> bool {
         let max_frame = self.remote.max_frame_size as usize;
         let conn_avail = self.conn_send.available();
         let Some(s) = self.streams.get_mut(&id) else {
@@ -152,8 +205,16 @@ impl Connection {
                     let last = n == data.len();
                     let end = last && *end_stream;
                     wire::encode_data_head(id, n as u32, end, out);
-                    out.put_slice(data.get(..n).unwrap_or_default());
-                    data.advance(n);
+                    match payloads {
+                        Some(p) if n >= VECTORED_MIN && p.len() < MAX_VECTORED => {
+                            p.push((out.len(), data.split_to(n)));
+                            *referenced += n;
+                        }
+                        _ => {
+                            out.put_slice(data.get(..n).unwrap_or_default());
+                            data.advance(n);
+                        }
+                    }
                     s.send.spend(n);
                     s.queued -= n;
                     self.conn_send.spend(n);
