@@ -349,18 +349,23 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     }
 }
 
-/// CPU time (user + system) of process `pid`, all threads, in clock ticks
-/// from `/proc/<pid>/stat`.
-pub fn cpu_ticks(pid: u32) -> Option<Duration> {
+/// `(utime, stime)` of process `pid`, all threads, from `/proc/<pid>/stat`.
+fn stat_times(pid: u32) -> Option<(Duration, Duration)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may contain spaces) start at ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(Duration::from_millis(
-        (utime + stime) * 1000 / clock_ticks(),
-    ))
+    let mut fields = rest.split_whitespace().skip(11);
+    let mut ticks = || -> Option<Duration> {
+        let t: u64 = fields.next()?.parse().ok()?;
+        Some(Duration::from_millis(t * 1000 / clock_ticks()))
+    };
+    Some((ticks()?, ticks()?))
+}
+
+/// CPU time (user + system) of process `pid`, all threads, in clock ticks
+/// from `/proc/<pid>/stat`.
+pub fn cpu_ticks(pid: u32) -> Option<Duration> {
+    stat_times(pid).map(|(user, sys)| user + sys)
 }
 
 /// Kernel (system) CPU time of process `pid`, all threads, in clock ticks
@@ -368,10 +373,7 @@ pub fn cpu_ticks(pid: u32) -> Option<Duration> {
 /// system calls, the socket copies and the TCP stack. 10 ms ticks, so
 /// read it over windows of seconds.
 pub fn sys_ticks(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let stime: u64 = rest.split_whitespace().nth(12)?.parse().ok()?;
-    Some(Duration::from_millis(stime * 1000 / clock_ticks()))
+    stat_times(pid).map(|(_, sys)| sys)
 }
 
 /// Open file descriptors of process `pid`.

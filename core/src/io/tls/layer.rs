@@ -293,13 +293,11 @@ impl TlsLayer {
         std::mem::take(&mut self.payloads)
     }
 
-    /// Gives the payload list back: with what rustls did not take yet
-    /// (the next vectored write starts with it), or empty for its
-    /// capacity.
+    /// Gives back the list [`Self::take_payloads`] handed out: with what
+    /// rustls did not take yet (the next vectored write starts with it),
+    /// or empty for its capacity.
     pub fn put_payloads(&mut self, payloads: Payloads) {
-        if !payloads.is_empty() || payloads.capacity() > self.payloads.capacity() {
-            self.payloads = payloads;
-        }
+        self.payloads = payloads;
     }
 
     /// Appends all pending ciphertext (handshake messages, records, alerts)
