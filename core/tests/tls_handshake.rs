@@ -436,3 +436,50 @@ fn old_min_versions_warn_and_still_serve_tls12() {
     so.min_version = "VersionTLS1.0".into();
     assert!(matches!(so.build(), Err(Error::UnknownTlsVersion(_))));
 }
+
+/// A second connection with the same configurations is a full handshake on
+/// both sides: konn's server issues no tickets to a client that would use
+/// them, and konn's client keeps none from a server that issues them.
+#[test]
+fn no_session_is_resumed_in_either_direction() {
+    let pki = Pki::new();
+    let rustls_defaults = |cfg: &std::sync::Arc<rustls::ClientConfig>| {
+        let mut cfg = (**cfg).clone();
+        cfg.resumption = rustls::client::Resumption::default();
+        std::sync::Arc::new(cfg)
+    };
+    let twice = |c: &dyn Fn() -> konn_core::io::tls::TlsLayer,
+                 s: &dyn Fn() -> konn_core::io::tls::TlsLayer| {
+        (0..2)
+            .map(|_| {
+                let (mut c, mut s) = (c(), s());
+                handshake(&mut c, &mut s).unwrap();
+                (c.resumed(), s.resumed())
+            })
+            .collect::<Vec<_>>()
+    };
+    let full = vec![(Some(false), Some(false)); 2];
+
+    // konn's server against a client that resumes (rustls' defaults).
+    let (client, server) = (pki.client_tls(), pki.server_tls());
+    let resuming = rustls_defaults(&client.config);
+    let c = || {
+        konn_core::io::tls::TlsLayer::client(resuming.clone(), client.server_name.clone(), 65536)
+            .unwrap()
+    };
+    assert_eq!(twice(&c, &|| server.layer().unwrap()), full);
+
+    // konn's client against a server that issues tickets (rustls' defaults).
+    let mut ticketing = (*server.config).clone();
+    ticketing.send_tls13_tickets = 2;
+    ticketing.session_storage = rustls::server::ServerSessionMemoryCache::new(16);
+    let ticketing = std::sync::Arc::new(ticketing);
+    let s = || konn_core::io::tls::TlsLayer::server(ticketing.clone(), 65536).unwrap();
+    assert_eq!(twice(&|| client.layer().unwrap(), &s), full);
+
+    // The check can fail: both defaults together do resume.
+    assert_eq!(
+        twice(&c, &s),
+        vec![(Some(false), Some(false)), (Some(true), Some(true))]
+    );
+}

@@ -166,6 +166,11 @@ impl ServerTlsOptions {
         config.alpn_protocols = alpn_list(&[ALPN_H2.to_vec()], &self.extra_alpn)?;
         // As Go's server (since 1.17): its own preference, not the client's.
         config.ignore_client_order = true;
+        // No session resumption (docs/design/tls.md, "Session resumption"):
+        // Go peers never resume, so tickets and the session cache were
+        // work and memory on every handshake for nothing.
+        config.send_tls13_tickets = 0;
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         let config = Arc::new(config);
         Ok(ServerTls {
             live: Arc::new(Live::new(config.clone())),
@@ -298,6 +303,9 @@ impl ClientTlsOptions {
         };
         // Upstream: NextProtos = --alpn-proto, then grpc-go appends "h2".
         config.alpn_protocols = alpn_list(&self.extra_alpn, &[ALPN_H2.to_vec()])?;
+        // As Go's agent (no `ClientSessionCache`): every connection is a
+        // full handshake, and a server's tickets are not kept.
+        config.resumption = rustls::client::Resumption::disabled();
         Ok(ClientTls::new(Arc::new(config), server_name, self.limits)
             .with_source(Arc::new(self.clone())))
     }

@@ -398,6 +398,15 @@ impl TlsLayer {
         self.conn.negotiated_cipher_suite().map(|s| s.suite())
     }
 
+    /// Whether the handshake resumed an earlier session (`None` while it
+    /// runs). konn neither issues nor uses tickets (docs/design/tls.md,
+    /// "Session resumption"), so against konn this is always `false`.
+    pub fn resumed(&self) -> Option<bool> {
+        self.conn
+            .handshake_kind()
+            .map(|k| k == rustls::HandshakeKind::Resumed)
+    }
+
     /// Server side: the SNI name the client sent, if any.
     pub fn sni(&self) -> Option<&str> {
         match &self.conn {
