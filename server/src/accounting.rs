@@ -120,6 +120,15 @@ pub fn wants_identity(cluster: &Cluster) -> bool {
     cluster.settings.router.limits.is_some()
 }
 
+/// What a new frontend connection must learn about its peer: `None` when
+/// nothing would read it (no audit log, no per-frontend limits: a dial
+/// then makes no `SO_PEERCRED` or `getpeername` call and formats nothing),
+/// else whether an identity is wanted besides the description.
+pub fn peer_wanted(w: &Worker, cluster: &Cluster) -> Option<bool> {
+    let identity = wants_identity(cluster);
+    (identity || w.shared.audit.is_some()).then_some(identity)
+}
+
 /// A Unix-socket frontend (`SO_PEERCRED`): described as `uid=… gid=…
 /// pid=…`, identified (with `identity`) by its user id — the processes of
 /// one user are one client.

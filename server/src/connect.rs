@@ -485,8 +485,10 @@ pub async fn serve_connect(
         .router
         .borrow_mut()
         .frontend_opened(fid, FrontendKind::HttpConnect);
-    wire.peer(crate::accounting::wants_identity(&cluster))
-        .describe(&mut cluster.router.borrow_mut(), fid);
+    if let Some(identity) = crate::accounting::peer_wanted(&worker, &cluster) {
+        wire.peer(identity)
+            .describe(&mut cluster.router.borrow_mut(), fid);
+    }
     cluster
         .frontends
         .borrow_mut()

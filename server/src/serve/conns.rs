@@ -412,7 +412,9 @@ fn run_grpc_frontend<IO: Movable>(
         outbox.clone(),
         plan.clone(),
     );
-    handler.set_peer(io.who(tls.as_ref(), crate::accounting::wants_identity(&cluster)));
+    if let Some(identity) = crate::accounting::peer_wanted(&worker, &cluster) {
+        handler.set_peer(io.who(tls.as_ref(), identity));
+    }
     let (handle, replay) = match resumed {
         Some((input, moved)) => {
             handler.adopt(&moved.streams);
