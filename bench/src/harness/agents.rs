@@ -15,17 +15,19 @@
 //! - **memory**: the server's resident memory with N tunnels minus its
 //!   resident memory before the first, per tunnel;
 //! - **storm**: SIGKILL the server and start it again on the same port; the
-//!   generator's agents reconnect as upstream's agents do (the default
-//!   `--sync-interval` 1 s, ×1.5 per failure, capped at 10 s, 10 % jitter);
-//!   the time from the new server's spawn until all N are back, its CPU and
-//!   its peak resident memory (`VmHWM`), and the generator's connection
-//!   attempts.
+//!   generator's agents reconnect as upstream's agents do: each agent's
+//!   sync loop wakes every `--sync-interval` (1 s, 10 % jitter) and opens
+//!   a tunnel when it has none, waiting ×1.5 longer after each failure
+//!   (capped at 10 s) — see [`agent`]; the time from the new server's spawn
+//!   until all N are back, its CPU and its peak resident memory (`VmHWM`),
+//!   and the generator's connection attempts.
 //!
 //! The generator shares the machine with the server (on the 2-vCPU
 //! reference machine, both cores), the same for both implementations.
 //! Every wait has a deadline.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::rc::Rc;
@@ -152,10 +154,29 @@ impl Rng {
     }
 }
 
-/// One tunnel's life: dial, TLS, Connect; once accepted, hold it until the
-/// server ends it. Returns whether the server accepted it. `slot` is
-/// released once the handshake phase is over.
-async fn tunnel(addr: &str, tls: &ClientTls, md: &Headers, sh: &Shared, slot: SlotGuard) -> bool {
+/// Where one connection attempt of an agent stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tunnel {
+    /// Dialling, handshaking, waiting for the Connect answer.
+    Opening,
+    /// Accepted and open.
+    Open,
+    /// Ended (refused, failed, or closed by the server).
+    Ended,
+}
+
+/// One connection attempt: dial, TLS, Connect. Returns once the server has
+/// answered (or the attempt failed), with whether it accepted; an accepted
+/// tunnel goes on in its own task, and `state` says when it has ended.
+/// `slot` is released once the handshake phase is over.
+async fn open_tunnel(
+    addr: &str,
+    tls: &ClientTls,
+    md: &Headers,
+    sh: &Arc<Shared>,
+    state: &Rc<Cell<Tunnel>>,
+    slot: SlotGuard,
+) -> bool {
     sh.attempts.fetch_add(1, Ordering::Relaxed);
     let Ok(stream) = dial_tcp(addr, ATTEMPT_TIMEOUT).await else {
         return false;
@@ -179,56 +200,81 @@ async fn tunnel(addr: &str, tls: &ClientTls, md: &Headers, sh: &Shared, slot: Sl
     if !matches!(started, Ok(Ok(_))) {
         return false;
     }
-    let h2 = handle.clone();
-    let run = monoio::spawn(async move { h2.run(stream).await });
+    let (h2, ended, shared) = (handle.clone(), state.clone(), sh.clone());
+    // Detached when accepted (monoio's `JoinHandle` does not cancel on
+    // drop): the tunnel lives until the server ends it.
+    let run = monoio::spawn(async move {
+        let _ = h2.run(stream).await;
+        if ended.replace(Tunnel::Ended) == Tunnel::Open {
+            shared.connected.fetch_sub(1, Ordering::AcqRel);
+        }
+    });
     let _ = race(done.notified(), monoio::time::sleep(ATTEMPT_TIMEOUT)).await;
     drop(slot);
-    if accepted.get() == Some(true) {
+    if accepted.get() == Some(true) && state.get() == Tunnel::Opening {
+        state.set(Tunnel::Open);
         sh.connected.fetch_add(1, Ordering::AcqRel);
-        let _ = run.await;
-        sh.connected.fetch_sub(1, Ordering::AcqRel);
         true
     } else {
         handle.abort();
-        let _ = run.await;
+        run.await;
         false
     }
 }
 
-/// A handshake slot of a generator thread (released on drop).
-struct SlotGuard(Rc<Cell<usize>>);
+/// A generator thread's handshake slots: at most [`IN_FLIGHT`] taken, the
+/// other agents wait their turn in order (woken once each, not polling).
+#[derive(Default)]
+struct Slots {
+    taken: Cell<usize>,
+    waiting: RefCell<VecDeque<Rc<Notify>>>,
+}
+
+impl Slots {
+    async fn take(self: &Rc<Self>) -> SlotGuard {
+        if self.taken.get() < IN_FLIGHT && self.waiting.borrow().is_empty() {
+            self.taken.set(self.taken.get() + 1);
+        } else {
+            let turn = Rc::new(Notify::new());
+            self.waiting.borrow_mut().push_back(turn.clone());
+            // The slot is handed over by the guard that frees it.
+            turn.notified().await;
+        }
+        SlotGuard(self.clone())
+    }
+}
+
+/// A taken slot, handed to the next waiter (or freed) on drop.
+struct SlotGuard(Rc<Slots>);
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        self.0.set(self.0.get().saturating_sub(1));
+        let next = self.0.waiting.borrow_mut().pop_front();
+        match next {
+            Some(turn) => turn.notify(),
+            None => self.0.taken.set(self.0.taken.get().saturating_sub(1)),
+        }
     }
 }
 
-async fn slot(in_flight: &Rc<Cell<usize>>) -> SlotGuard {
-    while in_flight.get() >= IN_FLIGHT {
-        monoio::time::sleep(Duration::from_millis(1)).await;
-    }
-    in_flight.set(in_flight.get() + 1);
-    SlotGuard(in_flight.clone())
-}
-
-/// Sleeps `d` in slices, returning early once the generator stops.
+/// Sleeps `d` in slices of at most a few seconds, returning early once the
+/// generator stops.
 async fn pause(d: Duration, sh: &Shared) {
     let end = now() + d;
     while !sh.stop.load(Ordering::Acquire) && now() < end {
-        monoio::time::sleep((end - now()).min(Duration::from_millis(100))).await;
+        monoio::time::sleep((end - now()).min(Duration::from_secs(2))).await;
     }
 }
 
-/// One agent: connects, holds, and reconnects with upstream's agent
-/// backoff until the generator stops.
-async fn agent(
-    addr: Rc<str>,
-    tls: ClientTls,
-    id: usize,
-    sh: Arc<Shared>,
-    in_flight: Rc<Cell<usize>>,
-) {
+/// One agent, as upstream's agent keeps its connections (`ClientSet.sync`,
+/// v0.36): a loop that wakes every `--sync-interval` (1 s, +0–10 %
+/// jitter) whether or not a tunnel is open, and opens one when there is
+/// none; after a failed attempt it waits ×1.5 longer each time (capped at
+/// 10 s), after a success or an idle turn the plain interval again. The
+/// tunnel itself runs apart from the loop, so when it is cut the next
+/// attempt comes at the loop's next turn — anywhere up to a second later,
+/// not a whole interval after the cut.
+async fn agent(addr: Rc<str>, tls: ClientTls, id: usize, sh: Arc<Shared>, slots: Rc<Slots>) {
     let mut md = Headers::new();
     md.push(
         Bytes::from_static(b"agentid"),
@@ -237,17 +283,28 @@ async fn agent(
     md.push(Bytes::from_static(b"agentidentifiers"), Bytes::new());
     let (base, cap) = (Duration::from_secs(1), Duration::from_secs(10));
     let mut rng = Rng(id as u64);
-    let mut step = base;
+    let mut jitter = |d: Duration| d.mul_f64(1.0 + 0.1 * rng.unit());
+    let mut backoff = base;
+    let mut state = Rc::new(Cell::new(Tunnel::Ended));
     while !sh.stop.load(Ordering::Acquire) {
-        let s = slot(&in_flight).await;
-        if tunnel(&addr, &tls, &md, &sh, s).await {
-            step = base;
-        }
-        if sh.stop.load(Ordering::Acquire) {
-            return;
-        }
-        pause(step.mul_f64(1.0 + 0.1 * rng.unit()), &sh).await;
-        step = step.mul_f64(1.5).min(cap);
+        let ok = state.get() != Tunnel::Ended || {
+            state = Rc::new(Cell::new(Tunnel::Opening));
+            let slot = slots.take().await;
+            let ok = open_tunnel(&addr, &tls, &md, &sh, &state, slot).await;
+            if !ok {
+                state.set(Tunnel::Ended);
+            }
+            ok
+        };
+        let wait = if ok {
+            backoff = base;
+            jitter(base)
+        } else {
+            let d = jitter(backoff);
+            backoff = backoff.mul_f64(1.5).min(cap);
+            d
+        };
+        pause(wait, &sh).await;
     }
 }
 
@@ -267,7 +324,7 @@ impl Generator {
                 std::thread::spawn(move || {
                     let _ = block_on(Engine::Epoll, async move {
                         let addr: Rc<str> = Rc::from(addr.to_string());
-                        let in_flight = Rc::new(Cell::new(0));
+                        let slots = Rc::new(Slots::default());
                         let tasks: Vec<_> = mine
                             .into_iter()
                             .map(|id| {
@@ -276,7 +333,7 @@ impl Generator {
                                     tls.clone(),
                                     id,
                                     sh.clone(),
-                                    in_flight.clone(),
+                                    slots.clone(),
                                 ))
                             })
                             .collect();
@@ -536,6 +593,46 @@ mod tests {
             md.contains("RSS per tunnel 0.25×, storm time 0.25×"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn a_freed_slot_goes_to_the_first_waiter() {
+        // In a task: the runtime's main future is polled apart from the
+        // queue, so yielding from it would run none of the waiters.
+        let test = async {
+            let slots = Rc::new(Slots::default());
+            let mut held = Vec::new();
+            for _ in 0..IN_FLIGHT {
+                held.push(slots.take().await);
+            }
+            let got = Rc::new(Cell::new(Vec::new()));
+            let waiters: Vec<_> = (0..2)
+                .map(|i| {
+                    let (slots, got) = (slots.clone(), got.clone());
+                    monoio::spawn(async move {
+                        let g = slots.take().await;
+                        let mut v = got.take();
+                        v.push(i);
+                        got.set(v);
+                        g
+                    })
+                })
+                .collect();
+            konn_core::io::runtime::yield_now().await;
+            assert_eq!(slots.waiting.borrow().len(), 2, "both wait");
+            drop(held.pop());
+            let mut waiters = waiters.into_iter();
+            let first = waiters.next().unwrap().await;
+            assert_eq!(got.take(), vec![0]);
+            assert_eq!(slots.taken.get(), IN_FLIGHT, "handed over, not freed");
+            drop(first);
+            let second = waiters.next().unwrap().await;
+            drop(second);
+            held.clear();
+            assert_eq!(slots.taken.get(), 0);
+            assert!(slots.waiting.borrow().is_empty());
+        };
+        block_on(Engine::Epoll, async { monoio::spawn(test).await }).unwrap();
     }
 
     #[test]
