@@ -183,6 +183,9 @@ pub struct Conn<S, H> {
     /// Latched with `closing`: the reader must end even if it was not
     /// waiting when `closing` fired (a `Notify` holds one wake-up only).
     reader_stopped: Cell<bool>,
+    /// The peer's end of stream has been read: the close that follows the
+    /// writer's goodbye tells the peer all it needs (see [`Wr::close`]).
+    peer_eof: Cell<bool>,
     closed: Cell<bool>,
     /// Boxed, as the cold fields below: only a failing connection has one.
     error: RefCell<Option<Box<Error>>>,
@@ -280,6 +283,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             pool: super::pool::current(),
             closing: Notify::new(),
             reader_stopped: Cell::new(false),
+            peer_eof: Cell::new(false),
             closed: Cell::new(false),
             error: RefCell::new(None),
             cfg: Limits {
@@ -605,9 +609,15 @@ impl<W: AsyncWriteRent> Wr<W> {
     /// whose drop does the shutdown is only dropped: shutting it down first
     /// would make the drop a second call (failing with `ENOTCONN` once the
     /// peer has closed too), one wasted system call per TCP connection.
-    async fn close(self) {
+    /// Nor is a Unix socket's half shut down once the peer's end of stream
+    /// was read (`peer_done`): the socket is closed as the driver ends
+    /// right after, and a Unix socket's close is its peer's end of stream
+    /// as the shutdown would be (one system call per frontend connection
+    /// of kube-apiserver's, which closes first).
+    async fn close(self, peer_done: bool) {
         match self {
             Self::Mono(w, true) => drop(w),
+            Self::Mono(w, false) if peer_done => drop(w),
             Self::Mono(mut w, false) => {
                 let _ = w.shutdown().await;
             }
@@ -973,6 +983,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             // socket is drained (see `ReadReady`).
             relaxed = n == want;
             if n == 0 {
+                self.peer_eof.set(true);
                 if let Some(t) = self.tls.borrow_mut().as_mut() {
                     t.feed_eof()?;
                 }
@@ -1315,7 +1326,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             ))
             .await;
         }
-        wr.close().await;
+        wr.close(self.peer_eof.get()).await;
     }
 
     /// The connection's deadline passed: enforce what is due, run the
