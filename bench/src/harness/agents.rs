@@ -597,9 +597,7 @@ mod tests {
 
     #[test]
     fn a_freed_slot_goes_to_the_first_waiter() {
-        // In a task: the runtime's main future is polled apart from the
-        // queue, so yielding from it would run none of the waiters.
-        let test = async {
+        block_on(Engine::Epoll, async {
             let slots = Rc::new(Slots::default());
             let mut held = Vec::new();
             for _ in 0..IN_FLIGHT {
@@ -631,8 +629,8 @@ mod tests {
             held.clear();
             assert_eq!(slots.taken.get(), 0);
             assert!(slots.waiting.borrow().is_empty());
-        };
-        block_on(Engine::Epoll, async { monoio::spawn(test).await }).unwrap();
+        })
+        .unwrap();
     }
 
     #[test]

@@ -228,24 +228,19 @@ mod tests {
     fn yield_now_lets_the_tasks_queued_before_it_run() {
         use std::{cell::Cell, rc::Rc};
         let order = block_on(Engine::Epoll, async {
-            // In a task: the runtime's main future is polled apart from
-            // the queue.
-            monoio::spawn(async {
-                let ran = Rc::new(Cell::new(0));
-                let others: Vec<_> = (0..3)
-                    .map(|_| {
-                        let ran = ran.clone();
-                        monoio::spawn(async move { ran.set(ran.get() + 1) })
-                    })
-                    .collect();
-                yield_now().await;
-                let after_one_yield = ran.get();
-                for t in others {
-                    t.await;
-                }
-                after_one_yield
-            })
-            .await
+            let ran = Rc::new(Cell::new(0));
+            let others: Vec<_> = (0..3)
+                .map(|_| {
+                    let ran = ran.clone();
+                    monoio::spawn(async move { ran.set(ran.get() + 1) })
+                })
+                .collect();
+            yield_now().await;
+            let after_one_yield = ran.get();
+            for t in others {
+                t.await;
+            }
+            after_one_yield
         })
         .unwrap();
         assert_eq!(order, 3, "every task queued before the yield ran first");
