@@ -320,3 +320,55 @@ fn peer_vanishing_ends_calls_unavailable() {
         })
     });
 }
+
+/// A Unix socket's write half is not shut down when the driver ends (its
+/// drop does nothing, `Wr::close`): the peer, which has not closed its own
+/// side, must still see the end of stream — the socket's close, once the
+/// driver's reader has stopped.
+#[test]
+fn a_unix_peer_sees_the_end_when_the_driver_ends() {
+    let _serial = serial();
+    let before = open_fds();
+    // epoll only: under io_uring the cancelled read's socket is closed
+    // asynchronously, after this test's descriptor check (the driver's
+    // close path is the same on both engines).
+    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+        .enable_timer()
+        .build()
+        .expect("epoll runtime")
+        .block_on(async {
+            use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+            let (ours, mut peer) = UnixStream::pair().unwrap();
+            let server = server_conn(None);
+            let handle = server.clone();
+            let task = monoio::spawn(async move { server.run(ours).await });
+            let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+            hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+            let (r, _) = peer.write_all(hello).await;
+            r.unwrap();
+            // The server's SETTINGS: it has read ours (a close with unread
+            // input would be a reset, shut down first or not).
+            let (r, _) = peer.read(vec![0u8; 4096]).await;
+            assert!(r.unwrap() > 0);
+            handle.abort();
+            let deadline = monoio::time::Instant::now() + Duration::from_secs(5);
+            let mut got = 0;
+            loop {
+                let read = race(
+                    peer.read(vec![0u8; 4096]),
+                    monoio::time::sleep_until(deadline),
+                )
+                .await;
+                let Either::Left((r, _)) = read else {
+                    panic!("no end of stream after {got} bytes");
+                };
+                match r.unwrap() {
+                    0 => break,
+                    n => got += n,
+                }
+            }
+            let _ = task.await;
+            assert!(handle.is_closed());
+        });
+    assert_eq!(open_fds(), before, "no descriptor leaked");
+}

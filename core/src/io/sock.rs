@@ -135,7 +135,7 @@ impl PacketWrite {
     /// of the half.
     ///
     /// monoio's TCP write half does that itself when dropped
-    /// (`shutdown(2)` with `SHUT_WR`; see the driver's `fin_on_drop`), so
+    /// (`shutdown(2)` with `SHUT_WR`; see the driver's `Wr::close`), so
     /// it is only dropped: shutting it down first would make its drop a
     /// second call, which fails with `ENOTCONN` once the peer has closed
     /// too. A ring half has no such drop: it is shut down with a ring

@@ -183,9 +183,6 @@ pub struct Conn<S, H> {
     /// Latched with `closing`: the reader must end even if it was not
     /// waiting when `closing` fired (a `Notify` holds one wake-up only).
     reader_stopped: Cell<bool>,
-    /// The peer's end of stream has been read: the close that follows the
-    /// writer's goodbye tells the peer all it needs (see [`Wr::close`]).
-    peer_eof: Cell<bool>,
     closed: Cell<bool>,
     /// Boxed, as the cold fields below: only a failing connection has one.
     error: RefCell<Option<Box<Error>>>,
@@ -283,7 +280,6 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             pool: super::pool::current(),
             closing: Notify::new(),
             reader_stopped: Cell::new(false),
-            peer_eof: Cell::new(false),
             closed: Cell::new(false),
             error: RefCell::new(None),
             cfg: Limits {
@@ -393,7 +389,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             }
             Err(io) => {
                 let (rd, wr) = io.into_split();
-                (Rd::Mono(rd), Wr::Mono(wr, fin_on_drop::<IO>()))
+                (Rd::Mono(rd), Wr::Mono(wr))
             }
         };
         match self.run_halves(rd, wr).await {
@@ -421,7 +417,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
             }
             Err(io) => {
                 let (rd, wr) = io.into_split();
-                (Rd::Mono(rd), Wr::Mono(wr, fin_on_drop::<IO>()))
+                (Rd::Mono(rd), Wr::Mono(wr))
             }
         };
         let Some(halted) = self.run_halves(rd, wr).await? else {
@@ -436,7 +432,7 @@ impl<S: Session + 'static, H: Handler<S> + 'static> ConnHandle<S, H> {
         }
         let Halted {
             rd: Rd::Mono(rd),
-            wr: Wr::Mono(wr, _),
+            wr: Wr::Mono(wr),
             session,
             tls,
             input,
@@ -577,27 +573,16 @@ fn keep_unsent(plain: &mut BytesMut, payloads: &mut Payloads, used: usize) {
     }
 }
 
-/// The write half, as [`Rd`]. `Mono`'s flag: dropping the half shuts the
-/// sending direction down ([`fin_on_drop`]).
+/// The write half, as [`Rd`].
 enum Wr<W> {
-    Mono(W, bool),
+    Mono(W),
     Ring(RingWrite),
-}
-
-/// Whether dropping monoio's write half of an `IO` shuts the sending
-/// direction down. monoio's `OwnedWriteHalf` (the only write half
-/// `Splitable` makes) calls the stream's `shutdown` when dropped: for a
-/// `TcpStream` that makes the `shutdown(2)` call at once, for a
-/// `UnixStream` it only builds a future nobody polls. Pinned by
-/// `drop_tests`.
-fn fin_on_drop<IO: 'static>() -> bool {
-    std::any::TypeId::of::<IO>() == std::any::TypeId::of::<monoio::net::TcpStream>()
 }
 
 impl<W: AsyncWriteRent> Wr<W> {
     async fn write_all(&mut self, out: BytesMut) -> (std::io::Result<()>, BytesMut) {
         match self {
-            Self::Mono(w, _) => {
+            Self::Mono(w) => {
                 let (r, out) = w.write_all(out).await;
                 (r.map(drop), out)
             }
@@ -605,22 +590,18 @@ impl<W: AsyncWriteRent> Wr<W> {
         }
     }
 
-    /// Shuts the sending direction down and lets go of the half. A half
-    /// whose drop does the shutdown is only dropped: shutting it down first
-    /// would make the drop a second call (failing with `ENOTCONN` once the
-    /// peer has closed too), one wasted system call per TCP connection.
-    /// Nor is a Unix socket's half shut down once the peer's end of stream
-    /// was read (`peer_done`): the socket is closed as the driver ends
-    /// right after, and a Unix socket's close is its peer's end of stream
-    /// as the shutdown would be (one system call per frontend connection
-    /// of kube-apiserver's, which closes first).
-    async fn close(self, peer_done: bool) {
+    /// Ends the sending direction and lets go of the half. monoio's
+    /// write half does it when dropped: a TCP half's drop makes the
+    /// `shutdown(2)` call (a shutdown of ours before it would make the
+    /// drop a second call, failing with `ENOTCONN`); a Unix half's drop
+    /// does nothing, and the socket's close, once the reader has stopped
+    /// right after ([`Conn::stop_reader`] follows the goodbye), is the
+    /// peer's end of stream as a shutdown would be — one system call less
+    /// per Unix frontend connection. Pinned by `drop_tests` and
+    /// `driver_grpc::a_unix_peer_sees_the_end_when_the_driver_ends`.
+    async fn close(self) {
         match self {
-            Self::Mono(w, true) => drop(w),
-            Self::Mono(w, false) if peer_done => drop(w),
-            Self::Mono(mut w, false) => {
-                let _ = w.shutdown().await;
-            }
+            Self::Mono(w) => drop(w),
             Self::Ring(mut w) => {
                 let _ = w.shutdown().await;
             }
@@ -983,7 +964,6 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             // socket is drained (see `ReadReady`).
             relaxed = n == want;
             if n == 0 {
-                self.peer_eof.set(true);
                 if let Some(t) = self.tls.borrow_mut().as_mut() {
                     t.feed_eof()?;
                 }
@@ -1326,7 +1306,7 @@ impl<S: Session, H: Handler<S>> Conn<S, H> {
             ))
             .await;
         }
-        wr.close(self.peer_eof.get()).await;
+        wr.close().await;
     }
 
     /// The connection's deadline passed: enforce what is due, run the
@@ -1441,18 +1421,15 @@ mod drop_tests {
     use monoio::io::{AsyncReadRent, Splitable};
     use monoio::net::{TcpListener, TcpStream, UnixStream};
 
-    use super::fin_on_drop;
     use crate::io::runtime::{Either, race, run_on_each_engine};
 
-    /// What [`fin_on_drop`] says about monoio: its TCP write half sends
-    /// FIN when dropped, its Unix one does not (the read half still
-    /// holds the socket). If monoio changes either, this fails and
-    /// `Wr::close` would skip or double a shutdown.
+    /// What `Wr::close` relies on in monoio: its TCP write half sends FIN
+    /// when dropped, its Unix one does not (the read half still holds the
+    /// socket; the close ends it). If monoio changes either, this fails
+    /// and `Wr::close` would skip or double a shutdown.
     #[test]
     fn a_dropped_tcp_write_half_sends_fin_and_a_unix_one_does_not() {
         run_on_each_engine(|engine| async move {
-            assert!(fin_on_drop::<TcpStream>());
-            assert!(!fin_on_drop::<UnixStream>());
             let listener = TcpListener::bind("127.0.0.1:0").unwrap();
             let addr = listener.local_addr().unwrap();
             let ours = TcpStream::connect_addr(addr).await.unwrap();
