@@ -9,10 +9,11 @@
 //! Needs `target/interop/upstream/proxy-server` (scripts/test builds it);
 //! skips without it unless `KONN_UPSTREAM_REQUIRED` is set.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use konn_testkit::blocking::ReadRetry;
 use konn_testkit::dest::Destination;
 use konn_testkit::ports::free_port;
 use konn_testkit::procs::{Proc, binary, http_get, upstream_binary, wait_http_ok};
@@ -103,7 +104,7 @@ fn a_konn_agent_never_sends_reverse_packets_to_an_upstream_server() {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let _ = s.write_all(b"ping");
         let mut b = [0u8; 1];
-        match s.read(&mut b) {
+        match s.read_retry(&mut b) {
             Ok(0) => {}
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
             other => panic!("connection {i} through an upstream server: {other:?}"),

@@ -12,6 +12,7 @@ use konn_core::io::{
     runtime::{Engine, IoEngine, RuntimeConfig, Workers, available_engines, yield_now},
     xcore::{DetachedTcp, DetachedUnix, SendError, detach_tcp, detach_unix},
 };
+use konn_testkit::blocking::ReadRetry;
 use konn_testkit::fds::{open_fds, serial};
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 
@@ -220,9 +221,9 @@ fn connections_migrate_to_another_worker() {
 
             // EOF ends the echo tasks, which close their side.
             client.shutdown(std::net::Shutdown::Write).unwrap();
-            assert_eq!(client.read(&mut [0u8; 8]).unwrap(), 0);
+            assert_eq!(client.read_retry(&mut [0u8; 8]).unwrap(), 0);
             uclient.shutdown(std::net::Shutdown::Write).unwrap();
-            assert_eq!(uclient.read(&mut [0u8; 8]).unwrap(), 0);
+            assert_eq!(uclient.read_retry(&mut [0u8; 8]).unwrap(), 0);
             drop((client, uclient));
 
             workers.stop();
@@ -263,7 +264,11 @@ fn detached_sockets_dropped_in_flight_close() {
         rx.recv_timeout(WAIT).unwrap();
         workers.stop();
         workers.join().unwrap();
-        assert_eq!(client.read(&mut [0u8; 4]).unwrap(), 0, "server side closed");
+        assert_eq!(
+            client.read_retry(&mut [0u8; 4]).unwrap(),
+            0,
+            "server side closed"
+        );
         drop(client);
         assert_eq!(open_fds(), baseline, "{engine}: descriptors leaked");
     }

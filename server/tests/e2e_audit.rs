@@ -8,7 +8,6 @@
 
 mod e2e_common;
 
-use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,6 +17,7 @@ use konn_core::io::runtime::{Engine, available_engines, block_on};
 use konn_server::audit::{AuditConfig, Sink};
 use konn_server::settings::Mode;
 use konn_testkit::Pattern;
+use konn_testkit::blocking::ReadRetry;
 use konn_testkit::dest::Destination;
 use konn_testkit::procs::http_get;
 use serde_json::Value;
@@ -223,7 +223,7 @@ fn a_blocked_sink_never_stalls_traffic() {
             let mut buf = [0u8; 65536];
             // Bounded: about T of 2 ms naps at most.
             for _ in 0..T.as_millis() / 2 {
-                match reader.read(&mut buf) {
+                match reader.read_retry(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => all.extend_from_slice(&buf[..n]),
                     Err(_) => std::thread::sleep(Duration::from_millis(2)),

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use konn_testkit::blocking::ReadRetry;
 use konn_testkit::chaos::{ChaosProxy, Dir, Faults};
 use konn_testkit::files::TempDir;
 use konn_testkit::pki::PkiFiles;
@@ -220,7 +221,7 @@ fn refuses(uds: &Path, dest: SocketAddr) -> bool {
         return true;
     }
     let mut head = [0u8; 12];
-    match s.read(&mut head) {
+    match s.read_retry(&mut head) {
         Ok(0) => true,
         Ok(n) => !head[..n].starts_with(b"HTTP/1.1 200"),
         Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),

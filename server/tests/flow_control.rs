@@ -43,6 +43,7 @@ use konn_protocol::flow::FlowLimits;
 use konn_protocol::server::router::FRONTEND_STUCK;
 use konn_server::serve::{ServerHandle, start};
 use konn_server::settings::{FrontendListen, Mode, ServerSettings};
+use konn_testkit::blocking::ReadRetry;
 use konn_testkit::dest::Destination;
 use konn_testkit::frontend::{GrpcFrontend, Tunnel};
 use konn_testkit::sha256_hex;
@@ -478,7 +479,7 @@ fn b_a_destination_that_stops_reading_is_closed_after_the_stuck_timeout() {
         dest_side.set_read_timeout(Some(WAIT)).unwrap();
         let mut buf = vec![0; 1 << 16];
         loop {
-            match dest_side.read(&mut buf) {
+            match dest_side.read_retry(&mut buf) {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,

@@ -45,6 +45,7 @@ use konn_server::clusters::config::{self, ClusterDefaults};
 use konn_server::serve::{self, ServerHandle};
 use konn_server::settings::{ClustersSource, FrontendListen, Mode, ServerSettings};
 use konn_testkit::agentprobe::{ProbeResult, connect_call};
+use konn_testkit::blocking::ReadRetry;
 use konn_testkit::bulk::{Pattern, Sha256};
 use konn_testkit::connect::ConnectTunnel;
 use konn_testkit::files::TempDir;
@@ -235,7 +236,7 @@ fn island_helper() {
         let mut buf = vec![0u8; 64 * 1024];
         while left > 0 {
             let want = buf.len().min(left as usize);
-            match s.read(&mut buf[..want]) {
+            match s.read_retry(&mut buf[..want]) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
                     h.update(&buf[..n]);
@@ -836,7 +837,7 @@ fn hold_connect(path: &Path, target: &str) -> Result<UnixStream, String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte) {
+        match s.read_retry(&mut byte) {
             Ok(1) => head.push(byte[0]),
             _ => break,
         }
@@ -856,7 +857,7 @@ fn echo_line(s: &mut UnixStream, line: &str) -> String {
     let mut got = Vec::new();
     let mut byte = [0u8; 1];
     while !got.ends_with(b"\n") {
-        match s.read(&mut byte) {
+        match s.read_retry(&mut byte) {
             Ok(1) => got.push(byte[0]),
             other => panic!("echo of {line:?} ended: {other:?} after {got:?}"),
         }

@@ -24,6 +24,7 @@ use konn_core::io::pool::{BufPool, MemoryBudget, PoolConfig};
 use konn_core::io::runtime::{available_engines, block_on};
 use konn_server::settings::Mode;
 use konn_testkit::Pattern;
+use konn_testkit::blocking::ReadRetry;
 use konn_testkit::dest::Destination;
 use konn_testkit::ports::free_port;
 
@@ -158,7 +159,7 @@ fn nothing_gets_through_without_an_allow_list() {
             s.set_read_timeout(Some(T)).unwrap();
             let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
             let mut b = [0u8; 16];
-            let n = s.read(&mut b).unwrap_or(0);
+            let n = s.read_retry(&mut b).unwrap_or(0);
             assert_eq!(n, 0, "{engine}: bytes came back without an allow-list");
         };
         // Until its tunnel offers the reverse direction the agent closes

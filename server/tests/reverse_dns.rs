@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use konn_testkit::blocking::ReadRetry;
 use konn_testkit::dest::Destination;
 use konn_testkit::dns::{DnsServer, Record, TYPE_A, TYPE_AAAA};
 use konn_testkit::netns::{self, Netns};
@@ -88,7 +89,7 @@ fn refused(ns: &Netns, port: u16) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let _ = s.write_all(b"ping\n");
         let mut b = [0u8; 1];
-        match s.read(&mut b) {
+        match s.read_retry(&mut b) {
             Ok(0) => Ok(()),
             Ok(_) => Err("got a byte back".into()),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(()),

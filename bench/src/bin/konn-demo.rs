@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use konn_core::io::runtime::{Engine, IoEngine, block_on, join, resolve};
+use konn_testkit::blocking::ReadRetry;
 use konn_testkit::dest::Destination;
 use konn_testkit::frontend::GrpcFrontend;
 use konn_testkit::procs::{self, Proc};
@@ -233,7 +234,7 @@ fn connect_traffic(socket: &Path, http: SocketAddr) -> Result<()> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = s.read(&mut chunk)?;
+        let n = s.read_retry(&mut chunk)?;
         ensure!(n > 0, "closed before the CONNECT answer");
         buf.extend_from_slice(&chunk[..n]);
     }

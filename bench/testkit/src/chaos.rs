@@ -456,6 +456,7 @@ fn pump(client: TcpStream, upstream: TcpStream, ctl: &Ctl, st: &State, seed: u64
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blocking::ReadRetry;
     use crate::wait::wait_until;
 
     const T: Duration = Duration::from_secs(10);
@@ -484,7 +485,7 @@ mod tests {
     fn silent(s: &mut TcpStream, within: Duration) -> bool {
         s.set_read_timeout(Some(within)).unwrap();
         let mut b = [0u8; 1];
-        let quiet = matches!(s.read(&mut b), Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut));
+        let quiet = matches!(s.read_retry(&mut b), Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut));
         s.set_read_timeout(Some(T)).unwrap();
         quiet
     }
@@ -589,7 +590,7 @@ mod tests {
         assert_eq!(roundtrip(&mut s, b"a"), b"a");
         p.reset();
         let mut b = [0u8; 1];
-        let err = s.read(&mut b).expect_err("an RST, not EOF or data");
+        let err = s.read_retry(&mut b).expect_err("an RST, not EOF or data");
         assert_eq!(err.kind(), ErrorKind::ConnectionReset);
         assert!(wait_until(T, || p.open() == 0));
     }
@@ -643,7 +644,7 @@ mod tests {
         assert_eq!(roundtrip(&mut s, b"a"), b"a");
         let mut b = [0u8; 1];
         // The connection is closed at the end of the lifetime.
-        assert!(matches!(s.read(&mut b), Ok(0) | Err(_)));
+        assert!(matches!(s.read_retry(&mut b), Ok(0) | Err(_)));
         assert!(wait_until(T, || p.open() == 0));
         assert!(wait_until(T, || TcpStream::connect(p.addr()).is_err()));
     }

@@ -12,6 +12,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
+use crate::blocking::ReadRetry;
 use crate::{Pattern, Sha256};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -190,7 +191,7 @@ impl Destination {
             let mut buf = vec![0u8; 256 * 1024];
             while left > 0 {
                 let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
-                match s.read(&mut buf[..want]) {
+                match s.read_retry(&mut buf[..want]) {
                     Ok(0) | Err(_) => return,
                     Ok(n) => {
                         hash.update(&buf[..n]);
@@ -201,7 +202,7 @@ impl Destination {
             if s.write_all(hash.finish_hex().as_bytes()).is_err() {
                 return;
             }
-            while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+            while matches!(s.read_retry(&mut buf), Ok(n) if n > 0) {}
         })
     }
 
@@ -258,7 +259,7 @@ impl Destination {
             let mut chunk = [0u8; 4096];
             loop {
                 let Some(end) = find(&buf, b"\r\n\r\n") else {
-                    match s.read(&mut chunk) {
+                    match s.read_retry(&mut chunk) {
                         Ok(0) | Err(_) => return,
                         Ok(n) => buf.extend_from_slice(&chunk[..n]),
                     }

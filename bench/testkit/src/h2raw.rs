@@ -25,6 +25,8 @@ use konn_frames::Reason;
 use konn_frames::h2::{self as wire, FrameType, Head, SettingId, flags};
 use konn_frames::hpack;
 
+use crate::blocking::ReadRetry;
+
 /// One frame the server sent.
 #[derive(Clone, Debug)]
 pub struct RawFrame {
@@ -458,7 +460,7 @@ fn read_frames(mut sock: RawSock, tx: &mpsc::Sender<RawFrame>) {
     let mut block: Option<(Head, BytesMut)> = None;
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
-        let n = match sock.read(&mut chunk) {
+        let n = match sock.read_retry(&mut chunk) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };

@@ -7,6 +7,7 @@
 //! production.
 //!
 //! - [`alloc`]: a global allocator counting each thread's allocations.
+//! - [`blocking`]: a blocking socket read that retries `EINTR`.
 //! - [`ports`]: free ports for listeners of child processes and addresses
 //!   nothing listens on.
 //! - [`fds`]: this process's descriptors, the serialisation of the tests
@@ -35,6 +36,7 @@
 
 pub mod agentprobe;
 pub mod alloc;
+pub mod blocking;
 pub mod bulk;
 pub mod chaos;
 pub mod connect;
