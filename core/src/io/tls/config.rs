@@ -22,7 +22,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::client::ClientConfig;
+use rustls::client::{ClientConfig, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use rustls::sign::SingleCertAndKey;
@@ -156,7 +156,7 @@ impl ServerTlsOptions {
                         .build()
                         .map_err(|e| Error::TlsConfig(format!("client CA {}: {e}", ca.name())))?;
                 builder.with_client_cert_verifier(super::sni::CheckedClientVerifier::wrap(
-                    verifier,
+                    super::verified::CachedClientVerifier::wrap(verifier),
                     self.client_check.clone(),
                 ))
             }
@@ -290,10 +290,17 @@ impl ClientTlsOptions {
         let server_name = parse_server_name(&self.server_name)?;
         let provider = self.provider.clone().unwrap_or_else(default_provider);
         let roots = load_ca_bundle(&self.ca)?;
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| Error::TlsConfig(format!("CA {}: {e}", self.ca.name())))?;
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(TlsMinVersion::Tls12.versions())
             .map_err(config_error)?
-            .with_root_certificates(roots);
+            .dangerous()
+            .with_custom_certificate_verifier(super::verified::CachedServerVerifier::wrap(
+                verifier,
+            ));
         let mut config = match &self.identity {
             Some((cert, key)) => {
                 let identity = load_identity(cert, key, &provider)?;

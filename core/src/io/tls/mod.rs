@@ -21,6 +21,8 @@
 //! - [`sni`]: [`ClientHelloPeek`] (the SNI of a connection before its
 //!   configuration is chosen) and [`ClientIdentityCheck`] (rules on client
 //!   certificates beyond the CA), for listeners shared by several tenants.
+//! - [`verified`]: the peer chains that verified, remembered per
+//!   configuration so that a chain seen again costs no signature checks.
 //!
 //! The design, the verification rules and the flag mapping are written up in
 //! `docs/design/tls.md`.
@@ -32,6 +34,7 @@ pub mod reload;
 pub mod sni;
 pub mod stream;
 pub mod suites;
+pub mod verified;
 
 pub use config::{
     ALPN_H2, ClientTls, ClientTlsOptions, DEFAULT_BUFFER_LIMIT, DEFAULT_HANDSHAKE_TIMEOUT,
