@@ -155,10 +155,6 @@ enum Slot {
     Free,
     /// Submitted; the future waits.
     Waiting(Option<Waker>, Hold),
-    /// A zero-copy send completed with this result, but the kernel still
-    /// reads the buffer until its notification (a second completion with
-    /// `IORING_CQE_F_NOTIF`); the future waits for that.
-    Sent(Option<Waker>, i32, Hold),
     /// Completed; the future has not collected it yet.
     Done(i32, u32, Hold),
     /// The future was dropped first: free the slot (and its hold) at the
@@ -190,13 +186,7 @@ impl Ops {
 
     fn remove(&mut self, idx: u32) -> Slot {
         match self.slots.get_mut(idx as usize) {
-            Some(
-                s @ (Slot::Waiting(..)
-                | Slot::Sent(..)
-                | Slot::Done(..)
-                | Slot::Orphan(_)
-                | Slot::Multi(_)),
-            ) => {
+            Some(s @ (Slot::Waiting(..) | Slot::Done(..) | Slot::Orphan(_) | Slot::Multi(_))) => {
                 self.live -= 1;
                 self.free.push(idx);
                 std::mem::replace(s, Slot::Free)
@@ -733,14 +723,6 @@ impl Inner {
                 let mut ops = self.ops.borrow_mut();
                 let idx = u32::try_from(ud).unwrap_or(u32::MAX);
                 match ops.slots.get_mut(idx as usize) {
-                    // A zero-copy send's result, its notification to come.
-                    Some(Slot::Waiting(waker, hold)) if cqueue::more(flags) => {
-                        let (waker, hold) = (waker.take(), std::mem::take(hold));
-                        if let Some(s) = ops.slots.get_mut(idx as usize) {
-                            *s = Slot::Sent(waker, res, hold);
-                        }
-                        Reaped::Nothing
-                    }
                     Some(Slot::Waiting(waker, hold)) => {
                         let waker = waker.take();
                         let hold = std::mem::take(hold);
@@ -752,19 +734,6 @@ impl Inner {
                         }
                         Reaped::Nothing
                     }
-                    Some(Slot::Sent(waker, sent, hold)) => {
-                        let (waker, sent, hold) = (waker.take(), *sent, std::mem::take(hold));
-                        if let Some(s) = ops.slots.get_mut(idx as usize) {
-                            *s = Slot::Done(sent, 0, hold);
-                        }
-                        if let Some(w) = waker {
-                            w.wake();
-                        }
-                        Reaped::Nothing
-                    }
-                    // Abandoned, but a notification is still to come: the
-                    // kernel still reads the buffer.
-                    Some(Slot::Orphan(_)) if cqueue::more(flags) => Reaped::Nothing,
                     Some(Slot::Orphan(_)) => match ops.remove(idx) {
                         Slot::Orphan(hold) => Reaped::Drop(hold),
                         _ => Reaped::Nothing,
@@ -941,7 +910,7 @@ impl Future for OpFuture {
         };
         let mut ops = self.ring.ops.borrow_mut();
         match ops.slots.get_mut(idx as usize) {
-            Some(Slot::Waiting(waker, _) | Slot::Sent(waker, ..)) => {
+            Some(Slot::Waiting(waker, _)) => {
                 match waker {
                     Some(w) if w.will_wake(cx.waker()) => {}
                     _ => *waker = Some(cx.waker().clone()),
@@ -975,14 +944,6 @@ impl Drop for OpFuture {
                     };
                     *slot = Slot::Orphan(hold);
                     None
-                }
-                // Sent: only the notification is left, nothing to cancel.
-                Some(slot @ Slot::Sent(..)) => {
-                    let Slot::Sent(_, _, hold) = std::mem::replace(slot, Slot::Free) else {
-                        return;
-                    };
-                    *slot = Slot::Orphan(hold);
-                    return;
                 }
                 Some(Slot::Done(..)) => Some(ops.remove(idx)),
                 _ => None,

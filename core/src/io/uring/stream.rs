@@ -25,18 +25,6 @@ pub const RECV_QUEUE_LIMIT: usize = 256 * 1024;
 /// How long [`RingStream::into_io`] waits for a cancelled receive to end.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The smallest send that goes zero-copy (`IORING_OP_SEND_ZC`) on a TCP
-/// socket: `KONN_IO_URING_SEND_ZC=BYTES`, a measurement switch; unset, no
-/// send is zero-copy (docs/decisions/0007, "Zero-copy send").
-fn send_zc_min() -> Option<usize> {
-    static MIN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| {
-        std::env::var("KONN_IO_URING_SEND_ZC")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    })
-}
-
 /// Which monoio stream a socket came from (to give it back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -66,8 +54,6 @@ pub(super) struct SockCore {
     owned: Cell<bool>,
     /// The `sendmsg` header of gathered sends, kept for reuse.
     msg: Cell<Option<Box<MsgBuf>>>,
-    /// Large sends may go zero-copy (cleared when the kernel refuses).
-    zc: Cell<bool>,
     recv: RefCell<RecvState>,
 }
 
@@ -216,7 +202,6 @@ impl RingStream {
                 group,
                 owned: Cell::new(true),
                 msg: Cell::new(None),
-                zc: Cell::new(kind == Kind::Tcp),
                 recv: RefCell::new(RecvState {
                     armed: None,
                     cancelling: false,
@@ -497,36 +482,23 @@ impl RingWrite {
         self.send_at(OwnedBuf::Frozen(data), 0).await.0
     }
 
-    async fn send_at(&mut self, mut buf: OwnedBuf, off: usize) -> (io::Result<usize>, OwnedBuf) {
-        let res = loop {
-            let slice = buf.as_slice();
-            let rest = slice.get(off..).unwrap_or_default();
-            let (ptr, len) = (rest.as_ptr(), u32::try_from(rest.len()).unwrap_or(u32::MAX));
-            let fd = types::Fd(self.sock.fd);
-            let zc = self.sock.zc.get() && send_zc_min().is_some_and(|min| rest.len() >= min);
-            let sqe = if zc {
-                opcode::SendZc::new(fd, ptr, len)
-                    .flags(libc::MSG_NOSIGNAL)
-                    .build()
-            } else {
-                opcode::Send::new(fd, ptr, len)
-                    .flags(libc::MSG_NOSIGNAL)
-                    .build()
-            };
-            let hold = Hold {
-                buf: Some(buf),
-                msg: None,
-                _sock: Some(self.sock.clone()),
-            };
-            let (res, _, hold) = self.sock.ring.submit(sqe, hold).await;
-            buf = hold.buf.unwrap_or(OwnedBuf::Mut(BytesMut::new()));
-            if zc && (res == -libc::EOPNOTSUPP || res == -libc::EINVAL) {
-                // No zero-copy for this socket (or kernel): plain sends.
-                self.sock.zc.set(false);
-                continue;
-            }
-            break res;
+    async fn send_at(&mut self, buf: OwnedBuf, off: usize) -> (io::Result<usize>, OwnedBuf) {
+        let slice = buf.as_slice();
+        let rest = slice.get(off..).unwrap_or_default();
+        let sqe = opcode::Send::new(
+            types::Fd(self.sock.fd),
+            rest.as_ptr(),
+            u32::try_from(rest.len()).unwrap_or(u32::MAX),
+        )
+        .flags(libc::MSG_NOSIGNAL)
+        .build();
+        let hold = Hold {
+            buf: Some(buf),
+            msg: None,
+            _sock: Some(self.sock.clone()),
         };
+        let (res, _, hold) = self.sock.ring.submit(sqe, hold).await;
+        let buf = hold.buf.unwrap_or(OwnedBuf::Mut(BytesMut::new()));
         let r = if res < 0 {
             Err(io::Error::from_raw_os_error(-res))
         } else {
