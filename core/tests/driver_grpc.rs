@@ -16,7 +16,7 @@ use konn_core::io::tls::TlsLayer;
 use konn_frames::GrpcStatus;
 use konn_protocol::grpc::{Grpc, GrpcEvent};
 use konn_protocol::h2::{Config, Connection, Headers, Role};
-use konn_testkit::fds::{open_fds, serial};
+use konn_testkit::fds::{assert_fds_back_to, open_fds, serial};
 use monoio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tls_support::{Pki, TempDir};
 
@@ -183,7 +183,7 @@ fn grpc_echo_over_tcp_plaintext() {
             server.await.unwrap();
         })
     });
-    assert_eq!(open_fds(), before, "no descriptor leaked");
+    assert_fds_back_to(before, "descriptors");
 }
 
 #[test]
@@ -207,7 +207,7 @@ fn grpc_echo_over_unix_socket() {
             server.await.unwrap();
         })
     });
-    assert_eq!(open_fds(), before, "no descriptor leaked");
+    assert_fds_back_to(before, "descriptors");
 }
 
 #[test]
@@ -230,7 +230,7 @@ fn grpc_echo_over_mtls() {
             server.await.unwrap();
         })
     });
-    assert_eq!(open_fds(), before, "no descriptor leaked");
+    assert_fds_back_to(before, "descriptors");
 }
 
 #[test]
@@ -370,5 +370,5 @@ fn a_unix_peer_sees_the_end_when_the_driver_ends() {
             let _ = task.await;
             assert!(handle.is_closed());
         });
-    assert_eq!(open_fds(), before, "no descriptor leaked");
+    assert_fds_back_to(before, "descriptors");
 }

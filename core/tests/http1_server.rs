@@ -13,7 +13,7 @@ use konn_core::{
         runtime::{Engine, StopToken, Stopper, run_on_each_engine},
     },
 };
-use konn_testkit::fds::{open_fds, serial};
+use konn_testkit::fds::{assert_fds_back_to, open_fds, serial};
 use monoio::{
     io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt},
     net::TcpStream,
@@ -223,7 +223,7 @@ fn routing_keep_alive_pipelining_and_head() {
         let stats = server.finish().await;
         assert_eq!(stats.accept.accepted, 1);
     });
-    assert_eq!(open_fds(), baseline, "descriptors leaked");
+    assert_fds_back_to(baseline, "descriptors");
 }
 
 #[test]
@@ -467,7 +467,7 @@ fn connection_cap_and_stop_with_open_connections() {
             assert!(c.closed_within(Duration::from_secs(5)).await);
         }
     });
-    assert_eq!(open_fds(), baseline, "descriptors leaked");
+    assert_fds_back_to(baseline, "descriptors");
 }
 
 /// xorshift64*: deterministic garbage.
@@ -564,7 +564,7 @@ fn garbage_never_breaks_the_server() {
         let stats = server.finish().await;
         assert_eq!(stats.accept.accepted, 301);
     });
-    assert_eq!(open_fds(), baseline, "descriptors leaked");
+    assert_fds_back_to(baseline, "descriptors");
 }
 
 #[test]

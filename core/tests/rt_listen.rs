@@ -25,7 +25,7 @@ use konn_core::{
         xcore::Mesh,
     },
 };
-use konn_testkit::fds::{open_fds, serial};
+use konn_testkit::fds::{assert_fds_back_to, open_fds, serial};
 use monoio::net::TcpStream;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -87,7 +87,7 @@ fn reuseport_listeners_serve_one_port_on_every_worker() {
             }
             workers.join().unwrap();
         }
-        assert_eq!(open_fds(), baseline, "{engine}: descriptors leaked");
+        assert_fds_back_to(baseline, &format!("{engine}: descriptors"));
     }
 }
 
@@ -175,7 +175,7 @@ fn unix_accept_loop_on_each_engine() {
         }
     });
     drop(dir);
-    assert_eq!(open_fds(), baseline, "descriptors leaked");
+    assert_fds_back_to(baseline, "descriptors");
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn accept_loop_stops_when_asked() {
         assert_eq!(stats.accepted, 0);
         token.close().await;
     });
-    assert_eq!(open_fds(), baseline, "descriptors leaked");
+    assert_fds_back_to(baseline, "descriptors");
 }
 
 #[test]

@@ -13,7 +13,7 @@ use konn_core::io::{
     xcore::{DetachedTcp, DetachedUnix, SendError, detach_tcp, detach_unix},
 };
 use konn_testkit::blocking::ReadRetry;
-use konn_testkit::fds::{open_fds, serial};
+use konn_testkit::fds::{assert_fds_back_to, open_fds, serial};
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -230,7 +230,7 @@ fn connections_migrate_to_another_worker() {
             workers.join().unwrap();
         }
         drop(dir);
-        assert_eq!(open_fds(), baseline, "{engine}: descriptors leaked");
+        assert_fds_back_to(baseline, &format!("{engine}: descriptors"));
     }
 }
 
@@ -270,7 +270,7 @@ fn detached_sockets_dropped_in_flight_close() {
             "server side closed"
         );
         drop(client);
-        assert_eq!(open_fds(), baseline, "{engine}: descriptors leaked");
+        assert_fds_back_to(baseline, &format!("{engine}: descriptors"));
     }
 }
 
