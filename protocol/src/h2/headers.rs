@@ -172,9 +172,16 @@ impl Headers {
             .sum()
     }
 
-    /// Start collecting a decoded list (see [`HeadersBuilder`]).
-    pub(crate) fn builder() -> HeadersBuilder {
-        HeadersBuilder::default()
+    /// Start collecting the list decoded from a block of `block_len`
+    /// bytes (see [`HeadersBuilder`]).
+    pub(crate) fn builder(block_len: usize) -> HeadersBuilder {
+        HeadersBuilder {
+            // Decoded fields are rarely more than twice their encoding
+            // (Huffman saves about a third; a fresh HPACK context, as a
+            // dial's connection has, indexes little).
+            arena: BytesMut::with_capacity(block_len.saturating_mul(2).max(64)),
+            spans: Vec::with_capacity(8),
+        }
     }
 
     /// Check a received request head (server side). Returns the declared
@@ -314,9 +321,9 @@ fn check_value(v: &[u8]) -> Result<(), Malformed> {
     Ok(())
 }
 
-/// Collects the fields of one decoded HPACK block into a [`Headers`] with a
-/// single arena allocation.
-#[derive(Default)]
+/// Collects the fields of one decoded HPACK block into a [`Headers`] that
+/// slices one arena, sized from the block up front so that it does not
+/// grow field by field.
 pub(crate) struct HeadersBuilder {
     arena: BytesMut,
     spans: Vec<(usize, usize, usize, bool)>,
@@ -352,7 +359,7 @@ mod tests {
     use super::*;
 
     fn list(fields: &[(&str, &str)]) -> Headers {
-        let mut b = Headers::builder();
+        let mut b = Headers::builder(0);
         for (n, v) in fields {
             b.add(n.as_bytes(), v.as_bytes(), false);
         }

@@ -25,6 +25,12 @@ pub const VECTORED_MIN: usize = 4096;
 /// ones are copied), so a driver can keep the slices on its stack.
 pub const MAX_VECTORED: usize = 32;
 
+/// Room an empty output buffer (a new connection's, or one released while
+/// idle) gets before its first frame: a dial's flights — SETTINGS, their
+/// ACK, response headers, a small DATA frame — fit, instead of growing
+/// the buffer frame by frame.
+const FIRST_OUTPUT: usize = 2048;
+
 /// Payloads a vectored transmit kept out of its buffer: `(at, payload)`
 /// means `payload` follows the buffer's first `at` bytes (and the earlier
 /// entries' payloads), in order.
@@ -63,6 +69,12 @@ impl Connection {
         // Output so far: what `out` gained plus the referenced payloads.
         let start = out.len();
         let mut referenced = 0;
+        let preface_due = !self.preface_sent && (self.preface_received || !self.control.is_empty());
+        if out.capacity() == 0
+            && (preface_due || !self.control.is_empty() || !self.ready.is_empty())
+        {
+            out.reserve(FIRST_OUTPUT);
+        }
         // A server sends its preface once the client's has come (or it has
         // something else to send first, such as a GOAWAY): clients send
         // theirs at once, so the SETTINGS, the ACK of the client's and the
@@ -70,7 +82,7 @@ impl Connection {
         // send and wake-up per konnectivity-client dial, which opens a
         // connection per dial). A peer whose preface was not HTTP/2 gets
         // nothing (that failure queues no GOAWAY).
-        if !self.preface_sent && (self.preface_received || !self.control.is_empty()) {
+        if preface_due {
             self.write_preface(out);
         }
         while let Some(c) = self.control.pop_front() {

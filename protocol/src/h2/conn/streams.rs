@@ -87,7 +87,7 @@ impl Connection {
     ) {
         // Decode first, whatever happens to the stream: HPACK state is
         // connection-wide and must stay in sync with the peer.
-        let mut builder = Headers::builder();
+        let mut builder = Headers::builder(block.len());
         let decoded = self
             .decoder
             .decode(block, &mut |f: hpack::HeaderField<'_>| {
