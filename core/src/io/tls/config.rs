@@ -155,10 +155,10 @@ impl ServerTlsOptions {
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                         .build()
                         .map_err(|e| Error::TlsConfig(format!("client CA {}: {e}", ca.name())))?;
-                builder.with_client_cert_verifier(super::sni::CheckedClientVerifier::wrap(
-                    super::verified::CachedClientVerifier::wrap(verifier),
+                builder.with_client_cert_verifier(Arc::new(super::sni::CheckedClientVerifier::new(
+                    verifier,
                     self.client_check.clone(),
-                ))
+                )))
             }
             None => builder.with_no_client_auth(),
         };

@@ -23,6 +23,7 @@ use rustls::server::Acceptor;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
+use super::verified::Verified;
 use crate::error::Error;
 
 /// Most bytes [`ClientHelloPeek::feed`] takes before giving up: a
@@ -112,21 +113,25 @@ pub trait ClientIdentityCheck: fmt::Debug + Send + Sync {
     fn check(&self, end_entity: &CertificateDer<'_>) -> Result<(), String>;
 }
 
-/// The client CA's verifier followed by a [`ClientIdentityCheck`].
+/// The client CA's verifier behind the memory of chains that verified
+/// ([`super::verified`]), followed by a [`ClientIdentityCheck`] if there
+/// is one (on every handshake, remembered chain or not).
 #[derive(Debug)]
 pub(super) struct CheckedClientVerifier {
     pub(super) inner: Arc<dyn ClientCertVerifier>,
-    pub(super) check: Arc<dyn ClientIdentityCheck>,
+    pub(super) check: Option<Arc<dyn ClientIdentityCheck>>,
+    pub(super) verified: Verified,
 }
 
 impl CheckedClientVerifier {
-    pub(super) fn wrap(
+    pub(super) fn new(
         inner: Arc<dyn ClientCertVerifier>,
         check: Option<Arc<dyn ClientIdentityCheck>>,
-    ) -> Arc<dyn ClientCertVerifier> {
-        match check {
-            Some(check) => Arc::new(Self { inner, check }),
-            None => inner,
+    ) -> Self {
+        Self {
+            inner,
+            check,
+            verified: Verified::default(),
         }
     }
 }
@@ -142,14 +147,24 @@ impl ClientCertVerifier for CheckedClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
-        self.check.check(end_entity).map_err(|why| {
-            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
-                Arc::new(IdentityRefused(why)),
-            )))
-        })?;
+        let verified = self.verified.check(
+            end_entity,
+            intermediates,
+            (&[], &[]),
+            now,
+            || {
+                self.inner
+                    .verify_client_cert(end_entity, intermediates, now)
+            },
+            ClientCertVerified::assertion,
+        )?;
+        if let Some(check) = &self.check {
+            check.check(end_entity).map_err(|why| {
+                rustls::Error::InvalidCertificate(rustls::CertificateError::Other(
+                    rustls::OtherError(Arc::new(IdentityRefused(why))),
+                ))
+            })?;
+        }
         Ok(verified)
     }
 

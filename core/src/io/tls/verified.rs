@@ -8,8 +8,10 @@
 //! one certificate, and every reconnect presents the chain that verified
 //! before.
 //!
-//! [`CachedClientVerifier`] and [`CachedServerVerifier`] wrap rustls'
-//! WebPKI verifiers. A chain that verified is remembered with the window in
+//! [`Verified::check`] stands in front of rustls' WebPKI verifiers: in the
+//! server's client-certificate verifier (`sni::CheckedClientVerifier`,
+//! which also runs the identity check) and in [`CachedServerVerifier`] on
+//! the agent. A chain that verified is remembered with the window in
 //! which every certificate it presented is valid; the same chain, byte for
 //! byte (and, for a server chain, for the same server name and OCSP
 //! response), presented while `now` is inside that window is accepted
@@ -36,7 +38,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
@@ -89,19 +90,48 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The remembered chains of one verifier.
 #[derive(Debug)]
-struct Verified {
+pub(super) struct Verified {
     id: u64,
+    /// Chains handed to the wrapped verifier (tests check the misses).
+    #[cfg(test)]
+    full_checks: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for Verified {
     fn default() -> Self {
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            #[cfg(test)]
+            full_checks: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }
 
 impl Verified {
+    /// `assertion()` when this chain (with `server_name` and `ocsp`) is
+    /// remembered and `now` is inside its window; else the outcome of
+    /// `full`, the wrapped verifier, and the chain is remembered when that
+    /// accepted it.
+    pub(super) fn check<T>(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        (server_name, ocsp): (&[u8], &[u8]),
+        now: UnixTime,
+        full: impl FnOnce() -> Result<T, rustls::Error>,
+        assertion: impl FnOnce() -> T,
+    ) -> Result<T, rustls::Error> {
+        let key = self.key(end_entity, intermediates, server_name, ocsp);
+        if Self::hit(&key, now) {
+            return Ok(assertion());
+        }
+        #[cfg(test)]
+        self.full_checks.fetch_add(1, Ordering::Relaxed);
+        let verified = full()?;
+        Self::remember(key, chain(end_entity, intermediates));
+        Ok(verified)
+    }
+
     /// The cache key: the verifier's id, then the number of
     /// intermediates, then every part length-prefixed, so that no two
     /// inputs give the same bytes.
@@ -161,80 +191,6 @@ fn chain<'a>(
     std::iter::once(end_entity.as_ref()).chain(intermediates.iter().map(|c| c.as_ref()))
 }
 
-/// A client-certificate verifier that remembers the chains that verified
-/// (see the module docs).
-#[derive(Debug)]
-pub(super) struct CachedClientVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
-    verified: Verified,
-}
-
-impl CachedClientVerifier {
-    pub(super) fn wrap(inner: Arc<dyn ClientCertVerifier>) -> Arc<dyn ClientCertVerifier> {
-        Arc::new(Self {
-            inner,
-            verified: Verified::default(),
-        })
-    }
-}
-
-impl ClientCertVerifier for CachedClientVerifier {
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        let key = self.verified.key(end_entity, intermediates, &[], &[]);
-        if Verified::hit(&key, now) {
-            return Ok(ClientCertVerified::assertion());
-        }
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
-        Verified::remember(key, chain(end_entity, intermediates));
-        Ok(verified)
-    }
-
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-
-    fn offer_client_auth(&self) -> bool {
-        self.inner.offer_client_auth()
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        self.inner.client_auth_mandatory()
-    }
-
-    fn requires_raw_public_keys(&self) -> bool {
-        self.inner.requires_raw_public_keys()
-    }
-}
-
 /// A server-certificate verifier that remembers the chains that verified
 /// (see the module docs).
 #[derive(Debug)]
@@ -262,21 +218,22 @@ impl ServerCertVerifier for CachedServerVerifier {
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         let name = server_name.to_str();
-        let key = self
-            .verified
-            .key(end_entity, intermediates, name.as_bytes(), ocsp_response);
-        if Verified::hit(&key, now) {
-            return Ok(ServerCertVerified::assertion());
-        }
-        let verified = self.inner.verify_server_cert(
+        self.verified.check(
             end_entity,
             intermediates,
-            server_name,
-            ocsp_response,
+            (name.as_bytes(), ocsp_response),
             now,
-        )?;
-        Verified::remember(key, chain(end_entity, intermediates));
-        Ok(verified)
+            || {
+                self.inner.verify_server_cert(
+                    end_entity,
+                    intermediates,
+                    server_name,
+                    ocsp_response,
+                    now,
+                )
+            },
+            ServerCertVerified::assertion,
+        )
     }
 
     fn verify_tls12_signature(
@@ -314,11 +271,12 @@ impl ServerCertVerifier for CachedServerVerifier {
 mod tests {
     use super::*;
     use crate::io::tls::config::default_provider;
+    use crate::io::tls::sni::CheckedClientVerifier;
     use rustls::RootCertStore;
     use rustls::client::WebPkiServerVerifier;
     use rustls::server::WebPkiClientVerifier;
+    use rustls::server::danger::ClientCertVerifier;
     use rustls_pki_types::pem::PemObject;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn der(pem: &str) -> CertificateDer<'static> {
         CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
@@ -334,69 +292,22 @@ mod tests {
         Arc::new(roots)
     }
 
-    /// Counts the chain checks that reach the verifier it wraps.
-    #[derive(Debug)]
-    struct Counting {
-        inner: Arc<dyn ClientCertVerifier>,
-        calls: AtomicUsize,
-    }
-
-    impl ClientCertVerifier for Counting {
-        fn verify_client_cert(
-            &self,
-            end_entity: &CertificateDer<'_>,
-            intermediates: &[CertificateDer<'_>],
-            now: UnixTime,
-        ) -> Result<ClientCertVerified, rustls::Error> {
-            self.calls.fetch_add(1, Ordering::Relaxed);
-            self.inner
-                .verify_client_cert(end_entity, intermediates, now)
-        }
-        fn root_hint_subjects(&self) -> &[DistinguishedName] {
-            &[]
-        }
-        fn verify_tls12_signature(
-            &self,
-            m: &[u8],
-            c: &CertificateDer<'_>,
-            d: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            self.inner.verify_tls12_signature(m, c, d)
-        }
-        fn verify_tls13_signature(
-            &self,
-            m: &[u8],
-            c: &CertificateDer<'_>,
-            d: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            self.inner.verify_tls13_signature(m, c, d)
-        }
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.inner.supported_verify_schemes()
-        }
-    }
-
-    /// A cached WebPKI client verifier for `pem`'s CA, and its call count.
-    fn client_verifier(
-        pem: &konn_testkit::pki::Pem,
-    ) -> (Arc<dyn ClientCertVerifier>, Arc<Counting>) {
+    /// The server's client-certificate verifier for `pem`'s CA (no
+    /// identity check).
+    fn client_verifier(pem: &konn_testkit::pki::Pem) -> CheckedClientVerifier {
         let webpki = WebPkiClientVerifier::builder_with_provider(roots(pem), default_provider())
             .build()
             .unwrap();
-        let counting = Arc::new(Counting {
-            inner: webpki,
-            calls: AtomicUsize::new(0),
-        });
-        (CachedClientVerifier::wrap(counting.clone()), counting)
+        CheckedClientVerifier::new(webpki, None)
     }
 
     #[test]
     fn a_chain_that_verified_is_not_checked_again_inside_its_window() {
         let (pem, rejects) = konn_testkit::pki::generate_with_rejects().unwrap();
-        let (verifier, counting) = client_verifier(&pem);
+        let verifier = client_verifier(&pem);
         let agent = der(&pem.agent_cert);
         let frontend = der(&pem.frontend_cert);
-        let calls = || counting.calls.load(Ordering::Relaxed);
+        let calls = || verifier.verified.full_checks.load(Ordering::Relaxed);
 
         for _ in 0..3 {
             verifier.verify_client_cert(&agent, &[], at(2026)).unwrap();
@@ -443,11 +354,42 @@ mod tests {
         assert_eq!(calls(), 6);
     }
 
+    /// Refuses every certificate.
+    #[derive(Debug)]
+    struct RefuseAll;
+
+    impl crate::io::tls::ClientIdentityCheck for RefuseAll {
+        fn check(&self, _: &CertificateDer<'_>) -> Result<(), String> {
+            Err("not this one".into())
+        }
+    }
+
+    #[test]
+    fn the_identity_check_runs_on_a_remembered_chain_too() {
+        let pem = konn_testkit::pki::generate().unwrap();
+        let webpki = WebPkiClientVerifier::builder_with_provider(roots(&pem), default_provider())
+            .build()
+            .unwrap();
+        let verifier = CheckedClientVerifier::new(webpki, Some(Arc::new(RefuseAll)));
+        let agent = der(&pem.agent_cert);
+        for _ in 0..2 {
+            let err = verifier
+                .verify_client_cert(&agent, &[], at(2026))
+                .unwrap_err();
+            assert!(err.to_string().contains("not this one"), "{err}");
+        }
+        assert_eq!(
+            verifier.verified.full_checks.load(Ordering::Relaxed),
+            1,
+            "the chain itself was remembered"
+        );
+    }
+
     #[test]
     fn a_chain_that_failed_is_checked_every_time() {
         let pem = konn_testkit::pki::generate().unwrap();
         let other = konn_testkit::pki::generate_named("another CA").unwrap();
-        let (verifier, counting) = client_verifier(&pem);
+        let verifier = client_verifier(&pem);
         let stranger = der(&other.agent_cert);
         for _ in 0..2 {
             assert!(
@@ -456,7 +398,7 @@ mod tests {
                     .is_err()
             );
         }
-        assert_eq!(counting.calls.load(Ordering::Relaxed), 2);
+        assert_eq!(verifier.verified.full_checks.load(Ordering::Relaxed), 2);
     }
 
     #[test]
