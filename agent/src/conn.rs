@@ -52,6 +52,7 @@ use crate::allow::DialOutcome;
 use crate::debug::EndpointInfo;
 use konn_core::io::runtime::{Either, race};
 use konn_core::io::sock::{self, PacketRead, PacketWrite};
+use konn_core::log::GoDuration;
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{self, Packet, PacketType};
 use konn_protocol::grpc::{Grpc, GrpcEvent};
@@ -657,7 +658,11 @@ impl TunnelHandler {
                     connect_id,
                     address,
                 } => {
-                    tracing::debug!(connection_id = connect_id, %address, "dialing");
+                    tracing::debug!(
+                        connection_id = connect_id,
+                        address = address.as_str(),
+                        "dialing"
+                    );
                     let cancel = Rc::new(Notify::new());
                     let address: Arc<str> = Arc::from(&*address);
                     let dialing = Dialing {
@@ -1134,7 +1139,7 @@ async fn dial(ctx: Rc<Ctx>, connect_id: i64, address: Arc<str>, cancel: Rc<Notif
                     return; // cancelled meanwhile; the socket drops
                 }
                 let elapsed = konn_core::io::clock::now().saturating_duration_since(started);
-                tracing::debug!(connection_id = connect_id, %address, ?elapsed, "dial succeeded");
+                tracing::debug!(connection_id = connect_id, address = &*address, elapsed = %GoDuration(elapsed), "dial succeeded");
                 ctx.observer.dial_succeeded(elapsed);
                 // DIAL_RSP is queued before any DATA the reader produces.
                 h.apply(g);
@@ -1142,7 +1147,7 @@ async fn dial(ctx: Rc<Ctx>, connect_id: i64, address: Arc<str>, cancel: Rc<Notif
             }
             Err(e) => {
                 let error = e.error_text(&address);
-                tracing::debug!(connection_id = connect_id, %address, %error, "dial failed");
+                tracing::debug!(connection_id = connect_id, address = &*address, %error, "dial failed");
                 let why = match e {
                     DialOutcome::Failed(DialError::Timeout) => DialFailure::Timeout,
                     DialOutcome::NotAllowed => {

@@ -116,7 +116,7 @@ fn drain(agent: &run::AgentHandle, timeout: Duration) {
         tracing::error!("cannot wait for a second signal: {err}");
     }
     let started = konn_core::io::clock::now();
-    tracing::info!(timeout = ?timeout, open = agent.metrics().open_endpoints(), "draining: serving open connections until they end");
+    tracing::info!(timeout = %konn_core::log::GoDuration(timeout), open = agent.metrics().open_endpoints(), "draining: serving open connections until they end");
     loop {
         let elapsed = started.elapsed();
         if second.load(Ordering::Acquire) {
@@ -125,7 +125,7 @@ fn drain(agent: &run::AgentHandle, timeout: Duration) {
         }
         let open = agent.metrics().open_endpoints();
         if open <= 0.0 && elapsed >= GRACE {
-            tracing::info!(after = ?elapsed, "drained: no connection open; shutting down");
+            tracing::info!(after = %konn_core::log::GoDuration(elapsed), "drained: no connection open; shutting down");
             return;
         }
         if elapsed >= timeout {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use konn_core::http1::board::Board;
 use konn_core::io::tls::TlsLayer;
+use konn_core::log::GoDuration;
 use konn_core::metrics::common::ConnEnd;
 use konn_protocol::server::router::{ConnSummary, ConnView, FrontendId, Router};
 
@@ -47,7 +48,7 @@ pub fn conn_ended(w: &Worker, c: &Cluster, s: Box<ConnSummary>) {
         closed_by = s.closed_by.label(),
         bytes_to_agent = s.bytes_to_agent,
         bytes_from_agent = s.bytes_from_agent,
-        ?duration,
+        duration = %GoDuration(duration),
         "tunnelled connection ended"
     );
     if let Some(log) = &w.shared.audit {

@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use konn_core::io::notify::Broadcast;
+use konn_core::log::GoDuration;
 use konn_frames::GrpcStatus;
 use konn_frames::packet::{Packet, PacketType};
 use konn_protocol::grpc::Grpc;
@@ -620,7 +621,7 @@ impl Cluster {
                     self.metrics.dial_failures(failure_reason(why)).inc();
                 }
                 Action::DialSucceeded(d) => {
-                    tracing::debug!(elapsed = ?d, "dial succeeded");
+                    tracing::debug!(elapsed = %GoDuration(d), "dial succeeded");
                     self.metrics.dial_duration().observe_duration(d);
                 }
                 Action::ConnEnded(s) => crate::accounting::conn_ended(w, self, s),

@@ -498,7 +498,7 @@ pub async fn serve_connect(
         .insert(fid, FrontendRef::Connect(cf.clone()));
     bump(&worker.shared.http_connections, true);
     cluster.metrics.http_connections().inc();
-    tracing::debug!(frontend = fid, %target, "CONNECT request");
+    tracing::debug!(frontend = fid, target = &*target, "CONNECT request");
     let random = worker.random();
     let dial = worker.dial_random();
     crate::overload::before_dial(&cluster);

@@ -343,7 +343,11 @@ impl Handler<Grpc> for FrontendConn {
                     }
                 };
                 if let Packet::DialReq { address, .. } = &packet {
-                    tracing::debug!(frontend = fid, %address, "DIAL_REQ from a gRPC frontend");
+                    tracing::debug!(
+                        frontend = fid,
+                        address = address.as_str(),
+                        "DIAL_REQ from a gRPC frontend"
+                    );
                 }
                 let random = self.worker.random();
                 if let Packet::DialReq { address, .. } = &packet

@@ -482,8 +482,7 @@ where
     Fut: Future<Output = ()> + 'static,
 {
     fn run(self) {
-        let span = tracing::info_span!("worker", index = self.index);
-        let _entered = span.enter();
+        let _fields = crate::log::ThreadFields::set(format!("index={}", self.index));
         if let Some(cpu) = self.cpu {
             match pin_current_thread(cpu) {
                 Ok(()) => tracing::debug!(cpu, "pinned"),

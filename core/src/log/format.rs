@@ -160,7 +160,9 @@ fn local_time(secs: i64) -> Option<(i32, u32, u32, u32, u32, u32)> {
 }
 
 /// Writes klog's header: `I1121 23:40:15.123456   12345 file.rs:123] `.
-/// (By hand, not with `write!`: a line's header was a third of its cost.)
+/// (By hand, not with `write!`: a line's header was a third of its cost;
+/// the time is one `push_str` of digits formed in place, not nine padded
+/// numbers.)
 pub(crate) fn write_header(
     out: &mut String,
     severity: Severity,
@@ -169,24 +171,153 @@ pub(crate) fn write_header(
     file: &str,
     line: u32,
 ) {
-    out.push(severity.letter());
-    push_padded(out, u64::from(stamp.month), 2, b'0');
-    push_padded(out, u64::from(stamp.day), 2, b'0');
-    out.push(' ');
-    push_padded(out, u64::from(stamp.hour), 2, b'0');
-    out.push(':');
-    push_padded(out, u64::from(stamp.minute), 2, b'0');
-    out.push(':');
-    push_padded(out, u64::from(stamp.second), 2, b'0');
-    out.push('.');
-    push_padded(out, u64::from(stamp.micros), 6, b'0');
-    out.push(' ');
+    let [m0, m1] = two_digits(stamp.month);
+    let [d0, d1] = two_digits(stamp.day);
+    let [h0, h1] = two_digits(stamp.hour);
+    let [n0, n1] = two_digits(stamp.minute);
+    let [s0, s1] = two_digits(stamp.second);
+    let mut micros = [b'0'; 6];
+    let mut v = stamp.micros.min(999_999);
+    for d in micros.iter_mut().rev() {
+        *d = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    let [u0, u1, u2, u3, u4, u5] = micros;
+    let letter = u8::try_from(severity.letter()).unwrap_or(b'I');
+    let head = [
+        letter, m0, m1, d0, d1, b' ', h0, h1, b':', n0, n1, b':', s0, s1, b'.', u0, u1, u2, u3, u4,
+        u5, b' ',
+    ];
+    out.push_str(std::str::from_utf8(&head).unwrap_or_default());
     push_padded(out, u64::from(pid), 7, b' ');
     out.push(' ');
     out.push_str(file);
     out.push(':');
     push_padded(out, u64::from(line), 1, b' ');
     out.push_str("] ");
+}
+
+/// The last two decimal digits of `v`, as ASCII.
+fn two_digits(v: u32) -> [u8; 2] {
+    [b'0' + (v / 10 % 10) as u8, b'0' + (v % 10) as u8]
+}
+
+/// A duration as Go's `time.Duration.String` writes it (`0s`, `870ns`,
+/// `112.44µs`, `3.182266ms`, `1.5s`, `1m30s`, `1h0m0s`): klog lines show
+/// durations that way. Formatted by hand into a stack buffer (`Duration`'s
+/// `Debug` goes through `fmt`'s decimal machinery, a fifth of a dial's log
+/// line), and nanoseconds beyond `u64` saturate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GoDuration(pub std::time::Duration);
+
+impl fmt::Display for GoDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut b = Backwards::default();
+        let mut u = u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX);
+        if u == 0 {
+            return f.write_str("0s");
+        }
+        b.push(b's');
+        if u < 1_000_000_000 {
+            // Below a second: the largest unit that keeps a whole part.
+            let prec = if u < 1_000 {
+                b.push(b'n');
+                0
+            } else if u < 1_000_000 {
+                b.push_str("µ");
+                3
+            } else {
+                b.push(b'm');
+                6
+            };
+            u = b.fraction(u, prec);
+            b.integer(u);
+        } else {
+            u = b.fraction(u, 9);
+            b.integer(u % 60);
+            u /= 60;
+            if u > 0 {
+                b.push(b'm');
+                b.integer(u % 60);
+                u /= 60;
+                if u > 0 {
+                    b.push(b'h');
+                    b.integer(u);
+                }
+            }
+        }
+        f.write_str(b.as_str())
+    }
+}
+
+/// A small text built from its end (Go's duration formatting writes
+/// that way). 32 bytes hold the longest duration (`5124095h34m33.709551615s`).
+struct Backwards {
+    buf: [u8; 32],
+    start: usize,
+}
+
+impl Default for Backwards {
+    fn default() -> Self {
+        Self {
+            buf: [0; 32],
+            start: 32,
+        }
+    }
+}
+
+impl Backwards {
+    fn push(&mut self, b: u8) {
+        if let Some(i) = self.start.checked_sub(1)
+            && let Some(slot) = self.buf.get_mut(i)
+        {
+            *slot = b;
+            self.start = i;
+        }
+    }
+
+    fn push_str(&mut self, s: &str) {
+        for &b in s.as_bytes().iter().rev() {
+            self.push(b);
+        }
+    }
+
+    /// The `prec` lowest decimal digits of `v` as a fraction without its
+    /// trailing zeros (nothing, not even the point, when they are all
+    /// zero); returns `v` without them.
+    fn fraction(&mut self, mut v: u64, prec: u32) -> u64 {
+        let mut print = false;
+        for _ in 0..prec {
+            let digit = (v % 10) as u8;
+            print |= digit != 0;
+            if print {
+                self.push(b'0' + digit);
+            }
+            v /= 10;
+        }
+        if print {
+            self.push(b'.');
+        }
+        v
+    }
+
+    fn integer(&mut self, mut v: u64) {
+        loop {
+            self.push(b'0' + (v % 10) as u8);
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        // Only whole UTF-8 sequences are pushed, and never past the start.
+        self.buf
+            .get(self.start..)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or("?")
+    }
 }
 
 /// Appends `v` in decimal, left-padded with `pad` to `width` characters
@@ -465,6 +596,38 @@ mod tests {
             1,
         );
         assert_eq!(s, "I1122 00:33:54.000005 4194304 a.rs:1] ");
+    }
+
+    #[test]
+    fn durations_like_go() {
+        use std::time::Duration;
+        let go = |d: Duration| GoDuration(d).to_string();
+        // Go's own `time.Duration.String` cases, and a few of klog's lines.
+        for (d, want) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_nanos(1), "1ns"),
+            (Duration::from_nanos(999), "999ns"),
+            (Duration::from_nanos(1_100), "1.1µs"),
+            (Duration::from_nanos(112_440), "112.44µs"),
+            (Duration::from_micros(2_200), "2.2ms"),
+            (Duration::from_nanos(3_182_266), "3.182266ms"),
+            (Duration::from_nanos(70_238_271), "70.238271ms"),
+            (Duration::from_millis(3_300), "3.3s"),
+            (Duration::from_secs(4 * 60 + 5), "4m5s"),
+            (Duration::from_millis(245_001), "4m5.001s"),
+            (Duration::from_millis(18_367_001), "5h6m7.001s"),
+            (Duration::new(8 * 60, 1), "8m0.000000001s"),
+            (Duration::from_secs(3_600), "1h0m0s"),
+            (Duration::from_secs(60), "1m0s"),
+            (
+                Duration::from_nanos(i64::MAX as u64),
+                "2562047h47m16.854775807s",
+            ),
+            (Duration::from_nanos(u64::MAX), "5124095h34m33.709551615s"),
+            (Duration::MAX, "5124095h34m33.709551615s"),
+        ] {
+            assert_eq!(go(d), want, "{d:?}");
+        }
     }
 
     #[test]

@@ -275,6 +275,57 @@ fn span_fields_follow_event_fields() {
 }
 
 #[test]
+fn thread_fields_come_between_event_and_span_fields() {
+    let lines = capture(LogConfig::default(), || {
+        tracing::info!("before");
+        let outer = ThreadFields::set("index=3");
+        tracing::info!(n = 1_u64, "worker line");
+        {
+            let _inner = ThreadFields::set("index=4");
+            let span = tracing::info_span!("conn", conn_id = 7_u64);
+            let _s = span.enter();
+            tracing::info!(n = 2_u64, "in a span");
+        }
+        tracing::info!("restored");
+        drop(outer);
+        tracing::info!("after");
+    });
+    let bodies: Vec<&str> = lines.iter().map(|l| body(l)).collect();
+    assert_eq!(
+        bodies,
+        [
+            "before",
+            "worker line n=1 index=3",
+            "in a span n=2 index=4 conn_id=7",
+            "restored index=3",
+            "after",
+        ]
+    );
+}
+
+#[test]
+fn an_explicit_parent_is_shown_outside_it_too() {
+    let lines = capture(LogConfig::default(), || {
+        let span = tracing::info_span!("tunnel", agent_id = "a1");
+        tracing::info!(parent: &span, "from outside");
+        {
+            let _e = span.enter();
+            tracing::info!("inside");
+        }
+        tracing::info!("outside");
+    });
+    let bodies: Vec<&str> = lines.iter().map(|l| body(l)).collect();
+    assert_eq!(
+        bodies,
+        [
+            r#"from outside agent_id="a1""#,
+            r#"inside agent_id="a1""#,
+            "outside"
+        ]
+    );
+}
+
+#[test]
 fn verbosity_selects_levels() {
     let emit = || {
         tracing::error!("e");
