@@ -501,7 +501,6 @@ impl Cluster {
                     backend,
                     connect_id,
                 } => {
-                    tracing::debug!(frontend, backend, connect_id, "CONNECT tunnel established");
                     if let Some(cf) = self.connect_frontend(frontend) {
                         cf.established(backend, connect_id);
                     }
@@ -620,9 +619,20 @@ impl Cluster {
                     tracing::debug!(reason = ?failure_reason(why), "dial failed");
                     self.metrics.dial_failures(failure_reason(why)).inc();
                 }
-                Action::DialSucceeded(d) => {
-                    tracing::debug!(elapsed = %GoDuration(d), "dial succeeded");
-                    self.metrics.dial_duration().observe_duration(d);
+                Action::DialSucceeded {
+                    frontend,
+                    backend,
+                    connect_id,
+                    elapsed,
+                } => {
+                    tracing::debug!(
+                        frontend,
+                        backend,
+                        connect_id,
+                        elapsed = %GoDuration(elapsed),
+                        "dial succeeded"
+                    );
+                    self.metrics.dial_duration().observe_duration(elapsed);
                 }
                 Action::ConnEnded(s) => crate::accounting::conn_ended(w, self, s),
             }

@@ -448,7 +448,7 @@ impl Sim {
                     self.violate(w);
                 }
             }
-            Action::DialFailed(_) | Action::DialRefused { .. } | Action::DialSucceeded(_) => {}
+            Action::DialFailed(_) | Action::DialRefused { .. } | Action::DialSucceeded { .. } => {}
             // One core, and the reverse direction is not negotiated here.
             Action::Relay { .. }
             | Action::ReverseDial { .. }

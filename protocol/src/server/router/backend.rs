@@ -395,9 +395,12 @@ impl Router {
             push_one(&mut f.permits, std::mem::take(&mut p.permit));
             f.account.connect_id = connect_id;
         }
-        self.actions.push_back(Action::DialSucceeded(
-            now.saturating_duration_since(p.started),
-        ));
+        self.actions.push_back(Action::DialSucceeded {
+            frontend: fid,
+            backend: id,
+            connect_id,
+            elapsed: now.saturating_duration_since(p.started),
+        });
         match kind {
             FrontendKind::Grpc => self.actions.push_back(Action::ToFrontend {
                 frontend: fid,

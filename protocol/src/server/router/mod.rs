@@ -256,8 +256,18 @@ pub enum Action {
         /// The dial's address, as the frontend sent it.
         address: Box<str>,
     },
-    /// A dial succeeded after this long (metrics: `dial_duration_seconds`).
-    DialSucceeded(Duration),
+    /// A dial succeeded (metrics: `dial_duration_seconds`; the log's one
+    /// line per established dial, whatever the frontend).
+    DialSucceeded {
+        /// The frontend that dialled.
+        frontend: FrontendId,
+        /// The agent that dialled for it.
+        backend: BackendId,
+        /// The agent's id of the new connection.
+        connect_id: i64,
+        /// From DIAL_REQ to DIAL_RSP.
+        elapsed: Duration,
+    },
     /// A frontend that dialled left the router: its connection's (or
     /// refused dial's) summary, for the audit log and the byte and
     /// duration metrics (`account`).

@@ -134,7 +134,12 @@ fn happy_path_forwards_bytes_unchanged() {
         dial_rsp(42, 7, ""),
     );
     let acts = actions(&mut r);
-    assert!(acts.contains(&Action::DialSucceeded(Duration::from_millis(3))));
+    assert!(acts.contains(&Action::DialSucceeded {
+        frontend: 10,
+        backend: 1,
+        connect_id: 7,
+        elapsed: Duration::from_millis(3)
+    }));
     assert_eq!(to_frontend_packets(&acts), vec![(10, dial_rsp(42, 7, ""))]);
     assert_eq!(r.stats().established, 1);
     assert_eq!(r.stats().pending_dials, 0);
