@@ -14,6 +14,7 @@
 //! | `download` | one tunnel, [`DOWNLOAD_MB`] MB destination → frontend (S1) |
 //! | `upload` | one tunnel, [`UPLOAD_MB`] MB frontend → destination (S2) |
 //! | `dials` | [`DIALS`] sequential kube-apiserver-style dials, 1 KiB echo each (S4) |
+//! | `connect-dials` | the same dials through the HTTP CONNECT frontend (S8's dial churn) |
 //! | `messages` | [`MESSAGES`] 64 B round trips on one connection (S3's closed loop) |
 //! | `messages-1k` | [`MESSAGES`] 1 KiB round trips on one connection (S3's larger message) |
 //!
@@ -75,6 +76,8 @@ pub enum Run {
     Upload,
     /// [`DIALS`] sequential dials with a 1 KiB echo.
     Dials,
+    /// The same dials through the HTTP CONNECT frontend (S8).
+    ConnectDials,
     /// [`MESSAGES`] round trips of a 64 B message on one connection
     /// (S3's closed loop: the per-message cost of small exchanges).
     Messages,
@@ -85,11 +88,12 @@ pub enum Run {
 
 impl Run {
     /// Every run, `Idle` first (the others are measured against it).
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Idle,
         Self::Download,
         Self::Upload,
         Self::Dials,
+        Self::ConnectDials,
         Self::Messages,
         Self::MessagesKib,
     ];
@@ -101,6 +105,7 @@ impl Run {
             Self::Download => "download",
             Self::Upload => "upload",
             Self::Dials => "dials",
+            Self::ConnectDials => "connect-dials",
             Self::Messages => "messages",
             Self::MessagesKib => "messages-1k",
         }
@@ -112,8 +117,18 @@ impl Run {
             Self::Idle => (1, "run"),
             Self::Download => (DOWNLOAD_MB, "MB"),
             Self::Upload => (UPLOAD_MB, "MB"),
-            Self::Dials => (DIALS, "dial"),
+            Self::Dials | Self::ConnectDials => (DIALS, "dial"),
             Self::Messages | Self::MessagesKib => (MESSAGES, "msg"),
+        }
+    }
+
+    /// The frontend the run's load comes through. `Idle` is the gRPC
+    /// topology's, which the CONNECT one differs from only in its
+    /// frontend's flags: the difference is the dials' cost.
+    const fn mode(self) -> Mode {
+        match self {
+            Self::ConnectDials => Mode::HttpConnect,
+            _ => Mode::Grpc,
         }
     }
 }
@@ -199,7 +214,7 @@ async fn workload(route: &super::load::Route, dests: &Dests, run: Run) -> Result
             c.close(DIAL_TIMEOUT).await;
             Ok(())
         }
-        Run::Dials => {
+        Run::Dials | Run::ConnectDials => {
             let msg = Bytes::from(vec![0x42; 1024]);
             for k in 0..DIALS as usize {
                 let mut c = Conn::open(route, dests.echo_for(k), DIAL_TIMEOUT).await?;
@@ -237,7 +252,7 @@ async fn count(
     lines: bool,
 ) -> Result<(u64, u64), Error> {
     let wrapped = wrapped(bins, dir, run, lines)?;
-    let topo = Topology::start(&wrapped, Mode::Grpc, dir, certs, None)?;
+    let topo = Topology::start(&wrapped, run.mode(), dir, certs, None)?;
     let route = topo.route();
     let r = workload(&route, dests, run).await;
     // Let the last CLOSE_RSP and the frontend's goodbye settle, so every
@@ -327,7 +342,7 @@ pub async fn measure_kernel(
     let dests = Dests::start().map_err(|e| Error::Socket(format!("destinations: {e}")))?;
     let mut out = Figures::new();
     for run in Run::ALL.into_iter().filter(|r| *r != Run::Idle) {
-        let topo = Topology::start(bins, Mode::Grpc, dir, certs, None)?;
+        let topo = Topology::start(bins, run.mode(), dir, certs, None)?;
         let perf = [
             (
                 "server",
