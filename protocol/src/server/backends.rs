@@ -139,39 +139,59 @@ pub struct Entry {
 }
 
 /// Keys of one strategy → backends in connection order.
+///
+/// The lists live in a vector (insertion order, for the random start
+/// index), so a random pick walks it without hashing a key; the map finds
+/// a key's slot for additions, removals and the host lookup.
 #[derive(Debug, Default)]
 struct Storage {
-    by_key: HashMap<String, Vec<BackendId>>,
-    /// Keys in insertion order, for the random start index.
-    keys: Vec<String>,
+    slot: HashMap<String, usize>,
+    /// (key, its backends), each key once.
+    lists: Vec<(String, Vec<BackendId>)>,
 }
 
 impl Storage {
     fn add(&mut self, key: &str, id: BackendId) {
-        match self.by_key.get_mut(key) {
-            Some(v) => {
+        match self.slot.get(key).and_then(|&i| self.lists.get_mut(i)) {
+            Some((_, v)) => {
                 if !v.contains(&id) {
                     v.push(id);
                 }
             }
             None => {
-                self.by_key.insert(key.to_owned(), vec![id]);
-                self.keys.push(key.to_owned());
+                self.slot.insert(key.to_owned(), self.lists.len());
+                self.lists.push((key.to_owned(), vec![id]));
             }
         }
     }
 
     fn remove(&mut self, key: &str, id: BackendId) {
-        let Some(v) = self.by_key.get_mut(key) else {
+        let Some(&i) = self.slot.get(key) else {
+            return;
+        };
+        let Some((_, v)) = self.lists.get_mut(i) else {
             return;
         };
         v.retain(|b| *b != id);
         if v.is_empty() {
-            self.by_key.remove(key);
-            if let Some(i) = self.keys.iter().position(|k| k == key) {
-                self.keys.swap_remove(i);
+            self.slot.remove(key);
+            self.lists.swap_remove(i);
+            // The last key moved into the freed slot.
+            if let Some((moved, _)) = self.lists.get(i)
+                && let Some(s) = self.slot.get_mut(moved)
+            {
+                *s = i;
             }
         }
+    }
+
+    fn get(&self, key: &str) -> Option<&[BackendId]> {
+        let &i = self.slot.get(key)?;
+        self.lists.get(i).map(|(_, v)| v.as_slice())
+    }
+
+    fn len(&self) -> usize {
+        self.lists.len()
     }
 }
 
@@ -266,9 +286,9 @@ impl Directory {
     /// Number of distinct keys of a strategy (upstream's `ready_backends`).
     pub fn ready_backends(&self, s: Strategy) -> usize {
         match s {
-            Strategy::Default => self.default.keys.len(),
-            Strategy::DestHost => self.dest_host.keys.len(),
-            Strategy::DefaultRoute => self.default_route.keys.len(),
+            Strategy::Default => self.default.len(),
+            Strategy::DestHost => self.dest_host.len(),
+            Strategy::DefaultRoute => self.default_route.len(),
         }
     }
 
@@ -300,17 +320,17 @@ impl Directory {
     /// Random key, first backend of it: local and non-draining first, then
     /// any non-draining, then draining.
     fn pick_random(&self, st: &Storage, random: u64, local: usize) -> Option<BackendId> {
-        let n = st.keys.len();
+        let n = st.len();
         if n == 0 {
             return None;
         }
         let start = (random % n as u64) as usize;
         let (mut remote, mut draining) = (None, None);
         for i in 0..n {
-            let Some(key) = st.keys.get((start + i) % n) else {
+            let Some((_, list)) = st.lists.get((start + i) % n) else {
                 continue;
             };
-            let id = *st.by_key.get(key)?.first()?;
+            let id = *list.first()?;
             let Some(e) = self.entries.get(&id) else {
                 continue;
             };
@@ -329,7 +349,7 @@ impl Directory {
         if host.is_empty() {
             return None;
         }
-        let list = self.dest_host.by_key.get(host)?;
+        let list = self.dest_host.get(host)?;
         list.iter()
             .copied()
             .find(|id| !self.entries.get(id).is_some_and(|e| e.draining))
@@ -379,6 +399,33 @@ mod tests {
                 .unwrap()
                 .default_route
         );
+    }
+
+    #[test]
+    fn a_removed_key_leaves_the_others_findable() {
+        // The last key moves into a removed key's slot: its lookups and
+        // picks must follow it.
+        for strategy in [Strategy::DestHost, Strategy::Default] {
+            let mut d = Directory::new(vec![strategy]);
+            d.add(entry(1, "a", "host=n1"));
+            d.add(entry(2, "b", "host=n2"));
+            d.add(entry(3, "c", "host=n3"));
+            d.remove(1);
+            assert_eq!(d.ready_backends(strategy), 2);
+            if strategy == Strategy::DestHost {
+                assert_eq!(d.pick("n3:10250", 0, 0).unwrap().id, 3);
+                assert_eq!(d.pick("n2:10250", 0, 0).unwrap().id, 2);
+                assert!(d.pick("n1:10250", 0, 0).is_none());
+                d.add(entry(4, "d", "host=n3"));
+                d.remove(3);
+                assert_eq!(d.pick("n3:10250", 0, 0).unwrap().id, 4);
+            } else {
+                let mut seen: Vec<_> = (0..4).map(|r| d.pick("x:1", r, 0).unwrap().id).collect();
+                seen.sort_unstable();
+                seen.dedup();
+                assert_eq!(seen, [2, 3], "random picks reach every remaining agent");
+            }
+        }
     }
 
     #[test]
