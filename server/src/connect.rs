@@ -34,14 +34,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use konn_core::io::notify::Notify;
 use konn_core::io::runtime::{Either, race};
+use konn_core::io::sock;
 use konn_core::io::tls::{Plaintext, TlsLayer};
 use konn_core::metrics::common::ReverseDirection;
 use konn_frames::connect::{self as http, Limits};
 use konn_frames::packet::{self, MAX_DATA_PAYLOAD};
 use monoio::buf::IoBufMut;
-use monoio::io::{
-    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, CancelableAsyncReadRent, Canceller,
-};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::{TcpStream, UnixStream};
 
 use crate::cluster::Cluster;
@@ -86,24 +85,38 @@ impl Sock {
         (r, slice.into_inner())
     }
 
-    /// Read, unless `wake` fires first: then the read is cancelled and its
-    /// outcome still collected (a read that completed anyway keeps its
-    /// data). `None` means woken with nothing read.
+    fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            Self::Tcp(s) => s.as_raw_fd(),
+            Self::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
+    /// Waits until the socket has data (or its end) or `wake` fires, then
+    /// reads what is there into `buf`'s spare room, at most `max` bytes,
+    /// without blocking (`sock::recv_now`). No read is in flight while the
+    /// task waits, so `wake` coming first cancels nothing. `relaxed` as in
+    /// [`konn_core::io::sock::ReadReady`] for the first wait; a stale
+    /// readiness makes the next wait exact. `None`: woken, nothing read.
     async fn read_or_wake(
-        &mut self,
-        buf: BytesMut,
-        from: usize,
-        to: usize,
-        canceller: &mut Canceller,
+        &self,
+        buf: &mut BytesMut,
+        max: usize,
+        mut relaxed: bool,
         wake: &Notify,
-    ) -> (Option<std::io::Result<usize>>, BytesMut) {
-        let handle = canceller.handle();
-        let slice = buf.slice_mut(from..to);
-        let (r, slice) = match self {
-            Self::Tcp(s) => read_racing(s.cancelable_read(slice, handle), canceller, wake).await,
-            Self::Unix(s) => read_racing(s.cancelable_read(slice, handle), canceller, wake).await,
-        };
-        (r, slice.into_inner())
+    ) -> Option<std::io::Result<usize>> {
+        loop {
+            match race(wake.notified(), self.readable(relaxed)).await {
+                Either::Left(()) => return None,
+                Either::Right(Err(e)) => return Some(Err(e)),
+                Either::Right(Ok(())) => {}
+            }
+            match sock::recv_now(self.fd(), buf, max) {
+                Some(r) => return Some(r),
+                None => relaxed = false,
+            }
+        }
     }
 
     async fn write_all(&mut self, data: Bytes) -> std::io::Result<()> {
@@ -121,29 +134,6 @@ impl Sock {
     async fn shutdown(&mut self) {
         if let Self::Tcp(s) = self {
             let _ = s.shutdown().await;
-        }
-    }
-}
-
-async fn read_racing<T, F>(
-    read: F,
-    canceller: &mut Canceller,
-    wake: &Notify,
-) -> (Option<std::io::Result<usize>>, T)
-where
-    F: Future<Output = (std::io::Result<usize>, T)>,
-{
-    let mut read = std::pin::pin!(read);
-    match race(read.as_mut(), wake.notified()).await {
-        Either::Left((r, b)) => (Some(r), b),
-        Either::Right(()) => {
-            // Reuse the canceller's allocation for the next read.
-            *canceller = std::mem::take(canceller).cancel();
-            let (r, b) = read.await;
-            match r {
-                Ok(n) => (Some(Ok(n)), b),
-                Err(_) => (None, b), // cancelled
-            }
         }
     }
 }
@@ -250,7 +240,9 @@ pub struct Wire {
     /// Plaintext decrypted but not yet consumed.
     plain: BytesMut,
     eof: bool,
-    canceller: Canceller,
+    /// The last read filled the room it had: more is most likely waiting,
+    /// so the next wait trusts the cached readiness.
+    full: bool,
 }
 
 impl Wire {
@@ -262,7 +254,7 @@ impl Wire {
             cipher: BytesMut::new(),
             plain,
             eof: false,
-            canceller: Canceller::new(),
+            full: false,
         }
     }
 
@@ -314,9 +306,12 @@ impl Wire {
         let cap = buf.capacity();
         let (r, buf) = match wake {
             Some(w) => {
-                self.sock
-                    .read_or_wake(buf, len, cap, &mut self.canceller, w)
-                    .await
+                let r = self
+                    .sock
+                    .read_or_wake(&mut buf, cap - len, self.full, w)
+                    .await;
+                self.full = matches!(r, Some(Ok(n)) if n == cap - len);
+                (r, buf)
             }
             None => {
                 let (r, b) = self.sock.read(buf, len, cap).await;
@@ -656,8 +651,9 @@ pub(crate) async fn relay_established(
         }
         if wire.tls.is_none() {
             // Plaintext: wait for data first (an idle connection holds no
-            // buffer), then read straight into a pooled buffer after the
-            // headroom; agent data arriving meanwhile interrupts the read.
+            // buffer), then read what is there, without blocking, straight
+            // into a pooled buffer after the headroom; agent data arriving
+            // meanwhile is served first.
             if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable(full)).await {
                 continue;
             }
@@ -667,18 +663,12 @@ pub(crate) async fn relay_established(
                 return;
             };
             buf.resize(HEADROOM, 0);
-            let (r, buf) = wire
-                .sock
-                .read_or_wake(
-                    buf,
-                    HEADROOM,
-                    HEADROOM + MAX_DATA_PAYLOAD,
-                    &mut wire.canceller,
-                    &cf.wake,
-                )
-                .await;
-            match r {
-                None => continue,
+            match sock::recv_now(wire.sock.fd(), &mut buf, MAX_DATA_PAYLOAD) {
+                None => {
+                    // The readiness was stale: ask the kernel next time.
+                    full = false;
+                    continue;
+                }
                 Some(Ok(n)) if n > 0 => {
                     full = n == MAX_DATA_PAYLOAD;
                     send_data(

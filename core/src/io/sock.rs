@@ -272,6 +272,107 @@ pub fn peer_credentials(fd: std::os::fd::RawFd) -> Option<(u32, u32, i32)> {
     (rc == 0 && cred.pid != 0).then_some((cred.uid, cred.gid, cred.pid))
 }
 
+/// Reads what socket `fd` has now into `buf`'s spare room, at most `max`
+/// bytes, without blocking (`recv` with `MSG_DONTWAIT`, on either engine):
+/// `Some(Ok(0))` at end of stream, `None` when nothing is there (the
+/// readiness that led here was stale: wait again with an exact wait).
+///
+/// A task that waits for "readable, or something else" and then reads
+/// this way never has a read in flight while it waits, so nothing needs
+/// cancelling when the something else comes first (monoio's cancelable
+/// reads register each read in a hashed set).
+#[allow(unsafe_code)]
+pub fn recv_now(
+    fd: std::os::fd::RawFd,
+    buf: &mut BytesMut,
+    max: usize,
+) -> Option<io::Result<usize>> {
+    let spare = buf.spare_capacity_mut();
+    let len = spare.len().min(max);
+    if len == 0 {
+        // A zero-length read would look like the end of the stream.
+        return Some(Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "recv_now: no room in the buffer",
+        )));
+    }
+    loop {
+        // SAFETY: `spare` is `buf`'s allocated, unused room of at least
+        // `len` bytes, exclusively borrowed here; the kernel writes at most
+        // `len` bytes there and keeps no pointer after the call.
+        let n = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), len, libc::MSG_DONTWAIT) };
+        match usize::try_from(n) {
+            Ok(n) => {
+                // SAFETY: the kernel initialised the first `n` (≤ `len`)
+                // bytes of the spare room.
+                unsafe { buf.set_len(buf.len() + n) };
+                return Some(Ok(n));
+            }
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => {}
+                    io::ErrorKind::WouldBlock => return None,
+                    _ => return Some(Err(e)),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod recv_tests {
+    use std::io::Write as _;
+    use std::os::fd::AsRawFd;
+
+    use bytes::BytesMut;
+
+    #[test]
+    fn reads_what_is_there_and_never_blocks() {
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut buf = BytesMut::with_capacity(8);
+        buf.extend_from_slice(b"ab");
+        assert!(
+            super::recv_now(a.as_raw_fd(), &mut buf, 64).is_none(),
+            "nothing yet"
+        );
+        b.write_all(b"cdefghijkl").unwrap();
+        // At most `max`, after what the buffer held.
+        assert_eq!(
+            super::recv_now(a.as_raw_fd(), &mut buf, 3)
+                .unwrap()
+                .unwrap(),
+            3
+        );
+        assert_eq!(&buf[..], b"abcde");
+        // At most the spare room.
+        buf.reserve(4);
+        let room = buf.capacity() - buf.len();
+        let n = super::recv_now(a.as_raw_fd(), &mut buf, 64)
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, room.min(7));
+        assert_eq!(&buf[..5 + n], &b"abcdefghijkl"[..5 + n]);
+        drop(b);
+        buf.reserve(8);
+        while super::recv_now(a.as_raw_fd(), &mut buf, 64)
+            .unwrap()
+            .unwrap()
+            > 0
+        {
+            buf.reserve(8);
+        }
+        assert_eq!(&buf[..], b"abcdefghijkl", "then end of stream");
+        let mut full = BytesMut::new();
+        assert!(
+            super::recv_now(a.as_raw_fd(), &mut full, 64)
+                .unwrap()
+                .is_err(),
+            "no room is not EOF"
+        );
+    }
+}
+
 #[cfg(test)]
 mod peer_tests {
     use std::os::fd::AsRawFd;
