@@ -40,9 +40,11 @@
 //! - errors that mean the listener itself is broken (`EBADF`, `EINVAL`,
 //!   `ENOTSOCK`, `EFAULT`): the loop returns [`Error::Accept`].
 //!
-//! Stopping cancels the pending accept through monoio's `Canceller` and
-//! then waits for that operation to finish, so a connection accepted in the
-//! race with the cancellation is closed rather than leaked.
+//! Stopping cancels the pending accept. Under io_uring that goes through
+//! monoio's `Canceller` and then waits for the operation to finish, so a
+//! connection accepted in the race with the cancellation is closed rather
+//! than leaked; under epoll a pending accept has taken nothing yet and is
+//! simply dropped.
 //!
 //! Accepted and dialled TCP sockets get `TCP_NODELAY`: konn writes whole
 //! frames and batches itself, so Nagle's algorithm only adds latency.
@@ -347,6 +349,9 @@ pub trait Acceptor {
         &self,
         handle: CancelHandle,
     ) -> impl Future<Output = io::Result<Self::Stream>>;
+
+    /// Accepts one connection (not registered for cancellation).
+    fn accept_plain(&self) -> impl Future<Output = io::Result<Self::Stream>>;
 }
 
 impl Acceptor for TcpListener {
@@ -354,13 +359,23 @@ impl Acceptor for TcpListener {
 
     async fn accept_cancelable(&self, handle: CancelHandle) -> io::Result<TcpStream> {
         let (stream, peer) = self.cancelable_accept(handle).await?;
-        if let Err(err) = stream.set_nodelay(true) {
-            // Typically a connection already reset by the peer; its first
-            // read will say so. Not worth failing the accept.
-            tracing::debug!(%peer, error = %err, "cannot set TCP_NODELAY");
-        }
-        Ok(stream)
+        Ok(no_delay(stream, peer))
     }
+
+    async fn accept_plain(&self) -> io::Result<TcpStream> {
+        let (stream, peer) = self.accept().await?;
+        Ok(no_delay(stream, peer))
+    }
+}
+
+/// `TCP_NODELAY` on an accepted connection.
+fn no_delay(stream: TcpStream, peer: SocketAddr) -> TcpStream {
+    if let Err(err) = stream.set_nodelay(true) {
+        // Typically a connection already reset by the peer; its first
+        // read will say so. Not worth failing the accept.
+        tracing::debug!(%peer, error = %err, "cannot set TCP_NODELAY");
+    }
+    stream
 }
 
 impl Acceptor for UnixListener {
@@ -368,6 +383,10 @@ impl Acceptor for UnixListener {
 
     async fn accept_cancelable(&self, handle: CancelHandle) -> io::Result<UnixStream> {
         Ok(self.cancelable_accept(handle).await?.0)
+    }
+
+    async fn accept_plain(&self) -> io::Result<UnixStream> {
+        Ok(self.accept().await?.0)
     }
 }
 
@@ -481,19 +500,32 @@ where
     let mut stats = AcceptStats::default();
     let mut backoff = Backoff::new();
     let canceller = Canceller::new();
+    // Under epoll an accept takes a connection only in the poll that
+    // returns it, so one dropped while pending has taken nothing: it races
+    // the stop plainly, without monoio's registration for cancellation (a
+    // hashed set's insert and remove per accept).
+    let legacy = monoio::utils::is_legacy();
     loop {
         if stop.is_stopped() {
             return Ok(stats);
         }
-        let mut accept = pin!(listener.accept_cancelable(canceller.handle()));
-        let result = match race(accept.as_mut(), stop.stopped()).await {
-            Either::Left(result) => result,
-            Either::Right(()) => {
-                let _fresh = canceller.cancel();
-                // The accept may have completed in the race; dropping the
-                // result closes such a connection instead of leaking it.
-                drop(accept.await);
-                return Ok(stats);
+        let result = if legacy {
+            match race(listener.accept_plain(), stop.stopped()).await {
+                Either::Left(result) => result,
+                Either::Right(()) => return Ok(stats),
+            }
+        } else {
+            let mut accept = pin!(listener.accept_cancelable(canceller.handle()));
+            match race(accept.as_mut(), stop.stopped()).await {
+                Either::Left(result) => result,
+                Either::Right(()) => {
+                    let _fresh = canceller.cancel();
+                    // The accept may have completed in the race; dropping
+                    // the result closes such a connection instead of
+                    // leaking it.
+                    drop(accept.await);
+                    return Ok(stats);
+                }
             }
         };
         let err = match result {
