@@ -444,42 +444,60 @@ struct FlowEnd {
     intact: bool,
 }
 
-/// An echo transfer of `chunks` × 16 KiB of a [`Pattern`], paced at one
-/// chunk per 5 ms so that it is still running when a fault strikes.
+/// An echo transfer of up to `chunks` × 16 KiB of a [`Pattern`], paced
+/// at one chunk per 5 ms so that it is still running when a fault strikes.
+/// [`Flow::finish`] stops the sending early; the flow is complete once the
+/// echo of everything sent is back.
 struct Flow {
     received: Arc<AtomicU64>,
+    finish: Arc<AtomicBool>,
     reader: JoinHandle<FlowEnd>,
 }
 
 const CHUNK: usize = 16 * 1024;
 
+/// A flow that receives nothing for this long hangs: longer than every
+/// detection bound.
+const HUNG: Duration = Duration::from_secs(40);
+
 impl Flow {
     fn start(s: UnixStream, seed: u64, chunks: usize) -> Self {
-        let total = (chunks * CHUNK) as u64;
+        let finish = Arc::new(AtomicBool::new(false));
+        // Bytes sent, and whether that count is final.
+        let sent = Arc::new(AtomicU64::new(0));
+        let sent_all = Arc::new(AtomicBool::new(false));
         let mut w = s.try_clone().unwrap();
+        let (stop, sent_w, sent_all_w) = (finish.clone(), sent.clone(), sent_all.clone());
         std::thread::spawn(move || {
             let mut p = Pattern::new(seed);
             let mut buf = vec![0u8; CHUNK];
             for _ in 0..chunks {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
                 p.fill(&mut buf);
                 if w.write_all(&buf).is_err() {
                     return;
                 }
+                sent_w.fetch_add(CHUNK as u64, Ordering::Release);
                 // Pacing the load (not synchronisation).
                 std::thread::sleep(Duration::from_millis(5));
             }
+            sent_all_w.store(true, Ordering::Release);
         });
         let received = Arc::new(AtomicU64::new(0));
         let got = received.clone();
         let mut r = s;
-        // Longer than every detection bound: a hung flow is reported as such.
-        r.set_read_timeout(Some(Duration::from_secs(40))).unwrap();
+        // Short reads, so that the end of the sending is noticed.
+        r.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
         let reader = std::thread::spawn(move || {
             let mut h = Sha256::new();
             let mut buf = vec![0u8; 64 * 1024];
             let mut n_total = 0u64;
+            let mut progress = Instant::now();
             let end = loop {
-                if n_total >= total {
+                if sent_all.load(Ordering::Acquire) && n_total >= sent.load(Ordering::Acquire) {
                     break End::Complete;
                 }
                 match r.read(&mut buf) {
@@ -488,10 +506,13 @@ impl Flow {
                         h.update(&buf[..n]);
                         n_total += n as u64;
                         got.store(n_total, Ordering::Release);
+                        progress = Instant::now();
                     }
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                        break End::Hung;
+                        if progress.elapsed() >= HUNG {
+                            break End::Hung;
+                        }
                     }
                     Err(_) => break End::Cut,
                 }
@@ -505,7 +526,16 @@ impl Flow {
                 intact,
             }
         });
-        Self { received, reader }
+        Self {
+            received,
+            finish,
+            reader,
+        }
+    }
+
+    /// Send no more chunks.
+    fn finish(&self) {
+        self.finish.store(true, Ordering::Release);
     }
 
     fn received(&self) -> u64 {
@@ -716,10 +746,23 @@ fn measure(limit: Duration, what: &str, cond: impl FnMut() -> bool) -> Result<Du
 
 /// Starts `n` flows through `server` to `dest` and waits until each has
 /// echoed something.
-/// Chunks of the flows a fault must cut mid-transfer (rows 01 and 06c):
-/// paced for 12 s, so the fault lands while every flow is open even when
-/// the agents' dial counts took several scrapes on a loaded machine.
-const FAULT_FLOW_CHUNKS: usize = 2400;
+/// At most this many chunks in the flows a fault must cut mid-transfer
+/// (rows 01 and 06c): paced for 30 s, so the fault lands while every flow
+/// is in full swing even when the agents' dial counts took several scrapes
+/// on a loaded machine; [`end_after_cut`] ends them early.
+const FAULT_FLOW_CHUNKS: usize = 6000;
+
+/// Once `cut` of `flows` have ended (those the fault cut; or after [`T`]),
+/// finishes the others and collects every end.
+fn end_after_cut(flows: Vec<Flow>, cut: f64) -> Vec<FlowEnd> {
+    wait_until(T, || {
+        flows.iter().filter(|f| !f.open()).count() as f64 >= cut
+    });
+    for f in &flows {
+        f.finish();
+    }
+    flows.into_iter().map(Flow::join).collect()
+}
 
 /// Every flow still open when the fault comes; otherwise the row would
 /// measure a fault that cut nothing.
@@ -772,7 +815,7 @@ fn row01_kill_agent_mid_transfer() {
             open_at_fault(&flows)?;
             let killed = Instant::now();
             a.proc.kill();
-            let ends: Vec<FlowEnd> = flows.into_iter().map(Flow::join).collect();
+            let ends = end_after_cut(flows, on_a);
             let cut: Vec<&FlowEnd> = ends.iter().filter(|e| e.end != End::Complete).collect();
             check(cut.len() as f64 == on_a, || {
                 format!("{} transfers cut, agent A had {on_a}", cut.len())
@@ -1047,16 +1090,10 @@ fn row06c_corruption_between_agent_and_server() {
             check(on_a >= 1.0, || "no transfer on agent A; rerun".into())?;
             open_at_fault(&flows)?;
             let corrupt = Instant::now();
-            let at = proxy.forwarded(Dir::Up) + 64 * 1024;
-            proxy.set(
-                Dir::Up,
-                Faults {
-                    corrupt_at: Some(at),
-                    ..Faults::default()
-                },
-            );
-            let ends: Vec<FlowEnd> = flows.into_iter().map(Flow::join).collect();
-            proxy.heal();
+            // Relative to the tunnel's own stream: the agent's duplicate
+            // connection attempts (--sync-forever) pass the proxy too.
+            proxy.corrupt(Dir::Up, 64 * 1024);
+            let ends = end_after_cut(flows, on_a);
             check(ends.iter().all(|e| e.intact), || {
                 "corrupted bytes were delivered".into()
             })?;

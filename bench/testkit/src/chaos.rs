@@ -12,12 +12,12 @@
 //!   and then its window fill up: a frozen or zero-window peer; both ways,
 //!   a partition that loses nothing for good, as TCP retransmits);
 //! - `blackhole`: read and silently drop everything (FIN held back); the
-//!   sockets stay open and no RST is sent: what is sent meanwhile is lost;
-//! - `corrupt_at`: flip the byte at this stream offset of every connection.
+//!   sockets stay open and no RST is sent: what is sent meanwhile is lost.
 //!
 //! One-shot actions on the connections open now: [`ChaosProxy::reset`]
 //! (RST both sides), [`ChaosProxy::half_close`] (FIN towards the receiver
-//! of one direction, which then stops).
+//! of one direction, which then stops), [`ChaosProxy::corrupt`] (flip one
+//! byte a little further down each connection's stream).
 //!
 //! Each connection runs on one thread with non-blocking sockets and
 //! `poll(2)`; at most [`MAX_QUEUED`] bytes wait per direction, so a
@@ -74,9 +74,16 @@ pub struct Faults {
     pub stall: bool,
     /// Read and drop everything, keep the sockets open.
     pub blackhole: bool,
-    /// Flip (XOR 0xff) the byte at this offset of each connection's stream.
-    pub corrupt_at: Option<u64>,
 }
+
+/// The byte [`ChaosProxy::corrupt`] passes over: the second byte of a TLS
+/// record's `legacy_record_version` (always 0x03 0x03). RFC 8446 §5.1 has
+/// it ignored, and rustls leaves it out of the AEAD's associated data, so
+/// flipping it would corrupt nothing a TLS 1.3 peer must notice.
+const UNCHECKED_TLS_BYTE: u8 = 0x03;
+
+/// No corruption requested ([`Ctl::corrupt`]).
+const NO_CORRUPTION: u64 = u64::MAX;
 
 #[allow(clippy::disallowed_types)] // test tooling: faults shared with plain threads
 type Shared<T> = Arc<std::sync::Mutex<T>>;
@@ -87,10 +94,22 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// One-shot requests to one connection.
-#[derive(Default)]
 struct Ctl {
     reset: AtomicBool,
     half: [AtomicBool; 2],
+    /// Per direction: corrupt a byte this many bytes past what has been
+    /// read ([`NO_CORRUPTION`]: none asked, or taken by the connection).
+    corrupt: [AtomicU64; 2],
+}
+
+impl Default for Ctl {
+    fn default() -> Self {
+        Self {
+            reset: AtomicBool::new(false),
+            half: Default::default(),
+            corrupt: [AtomicU64::new(NO_CORRUPTION), AtomicU64::new(NO_CORRUPTION)],
+        }
+    }
 }
 
 struct State {
@@ -196,6 +215,32 @@ impl ChaosProxy {
         }
     }
 
+    /// On every open connection, flip (XOR 0xff) one byte of direction
+    /// `dir`: the first one at least `ahead` bytes past what the
+    /// connection has read so far that is not [`UNCHECKED_TLS_BYTE`] (so a
+    /// TLS peer always notices). Returns once every connection has taken
+    /// the request, with how many did; connections opened later are left
+    /// alone.
+    pub fn corrupt(&self, dir: Dir, ahead: u64) -> usize {
+        let conns: Vec<Arc<Ctl>> = lock(&self.state.conns).clone();
+        for c in &conns {
+            c.corrupt[dir.index()].store(ahead.min(NO_CORRUPTION - 1), Ordering::Release);
+        }
+        // Each connection thread looks at its requests at least every
+        // TICK; one that ended is no longer listed.
+        crate::wait::wait_until(crate::wait::WAIT, || {
+            let listed = lock(&self.state.conns);
+            !conns.iter().any(|c| {
+                c.corrupt[dir.index()].load(Ordering::Acquire) != NO_CORRUPTION
+                    && listed.iter().any(|l| Arc::ptr_eq(l, c))
+            })
+        });
+        conns
+            .iter()
+            .filter(|c| c.corrupt[dir.index()].load(Ordering::Acquire) == NO_CORRUPTION)
+            .count()
+    }
+
     /// Connections relayed now.
     pub fn open(&self) -> usize {
         self.state.open.load(Ordering::Acquire)
@@ -278,8 +323,10 @@ struct Way {
     /// Chunks waiting for their release time.
     queue: VecDeque<(Instant, Vec<u8>)>,
     queued: usize,
-    /// Stream offset of the next byte read (for `corrupt_at`).
+    /// Stream offset of the next byte read.
     offset: u64,
+    /// Corrupt the first checked byte at or past this offset.
+    corrupt: Option<u64>,
     /// Release time of the last queued chunk (order and rate).
     last: Instant,
     /// The source sent FIN (or the way was half-closed): stop reading.
@@ -294,6 +341,7 @@ impl Way {
             queue: VecDeque::new(),
             queued: 0,
             offset: 0,
+            corrupt: None,
             last: now(),
             eof: false,
             shut: false,
@@ -350,6 +398,10 @@ fn pump(client: TcpStream, upstream: TcpStream, ctl: &Ctl, st: &State, seed: u64
             let (from, to) = (&socks[d], &socks[1 - d]);
             let f = faults[d];
             let way = &mut ways[d];
+            let ahead = ctl.corrupt[d].swap(NO_CORRUPTION, Ordering::AcqRel);
+            if ahead != NO_CORRUPTION {
+                way.corrupt = Some(way.offset + ahead);
+            }
             if ctl.half[d].load(Ordering::Acquire) && !way.eof {
                 way.eof = true;
                 way.queue.clear();
@@ -361,12 +413,18 @@ fn pump(client: TcpStream, upstream: TcpStream, ctl: &Ctl, st: &State, seed: u64
                     Ok(0) => way.eof = true,
                     Ok(n) => {
                         let chunk = &mut buf[..n];
-                        if let Some(at) = f.corrupt_at
-                            && at >= way.offset
+                        if let Some(at) = way.corrupt
                             && at < way.offset + n as u64
                         {
-                            let i = (at - way.offset) as usize;
-                            chunk[i] ^= 0xff;
+                            let from = at.saturating_sub(way.offset) as usize;
+                            way.corrupt =
+                                match chunk[from..].iter().position(|&b| b != UNCHECKED_TLS_BYTE) {
+                                    Some(i) => {
+                                        chunk[from + i] ^= 0xff;
+                                        None
+                                    }
+                                    None => Some(way.offset + n as u64),
+                                };
                         }
                         way.offset += n as u64;
                         if f.blackhole {
@@ -596,18 +654,18 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_at_flips_exactly_one_byte() {
+    fn corrupt_flips_one_checked_byte_ahead_on_open_connections_only() {
         let (_d, p) = echo_behind_proxy();
-        p.set(
-            Dir::Down,
-            Faults {
-                corrupt_at: Some(3),
-                ..Faults::default()
-            },
-        );
         let mut s = connect(&p);
-        let got = roundtrip(&mut s, b"abcdef");
-        assert_eq!(got, [b'a', b'b', b'c', b'd' ^ 0xff, b'e', b'f']);
+        assert_eq!(roundtrip(&mut s, b"hello"), b"hello");
+        assert_eq!(p.corrupt(Dir::Down, 3), 1);
+        // Down offset 5 + 3 = 8 holds 0x03 (passed over); 9 is flipped.
+        let got = roundtrip(&mut s, b"ab\x03\x03cdef");
+        assert_eq!(got, [b'a', b'b', 3, 3, b'c' ^ 0xff, b'd', b'e', b'f']);
+        // One byte only, on that connection only.
+        assert_eq!(roundtrip(&mut s, b"ghijkl"), b"ghijkl");
+        let mut later = connect(&p);
+        assert_eq!(roundtrip(&mut later, b"abcdefghijkl"), b"abcdefghijkl");
     }
 
     #[test]
