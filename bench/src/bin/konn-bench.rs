@@ -1,22 +1,7 @@
 //! `konn-bench`: scenarios run against real proxy-server / proxy-agent
 //! binaries (konn's, and upstream's for comparison), measured from outside.
 //!
-//! ```text
-//! konn-bench compare [--quick] [--reps N] [--upstream DIR] [--konn DIR]
-//!                    [--engines io-uring[:OPTS],epoll] [--idle N] [--only S1,S3,…]
-//!                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--min-s4 RATIO] [--no-pin]
-//!                    [--also NAME=DIR:ENGINE[:FLAG,FLAG…]]...
-//! konn-bench idle [--connections N] [--hold SECS] [--impl NAME=DIR[:FLAG,FLAG…]]...
-//! konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
-//! konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
-//!                   [--profile DIR [--runs idle,dials,…]] [--engine ENGINE[:OPTS]]
-//!                   [--kernel io-uring[:OPTS],epoll] [--guarded] [--flags FLAG,FLAG…]
-//! konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
-//! konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
-//! konn-bench soak [--minutes N] [--restart-every SECS] [--konn DIR] [--out DIR]
-//! konn-bench guards [--reps N] [--konn DIR] [--engine E] [--only S1,S4]
-//!                   [--tolerance PCT] [--out FILE] [--no-pin]
-//! ```
+//! Usage: [`USAGE`] (`konn-bench --help` prints it).
 //!
 //! - `compare`: the side-by-side run of docs/BENCHMARKS.md: S1–S8 for the
 //!   direct baseline, upstream (`--upstream`, default
@@ -111,6 +96,24 @@ use konn_testkit::{pki, procs};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The synopsis `--help` prints; the module docs say what each command does.
+const USAGE: &str = "\
+konn-bench compare [--quick] [--reps N] [--upstream DIR] [--konn DIR]
+                   [--engines io-uring[:OPTS],epoll] [--idle N] [--only S1,S3,…]
+                   [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--min-s4 RATIO] [--no-pin]
+                   [--also NAME=DIR:ENGINE[:FLAG,FLAG…]]...
+konn-bench idle [--connections N] [--hold SECS] [--impl NAME=DIR[:FLAG,FLAG…]]...
+konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
+konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
+                  [--profile DIR [--runs idle,dials,…]] [--engine ENGINE[:OPTS]]
+                  [--kernel io-uring[:OPTS],epoll] [--guarded] [--flags FLAG,FLAG…]
+konn-bench multi [--quick] [--clusters 10,100] [--upstream DIR] [--konn DIR]
+konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
+konn-bench soak [--minutes N] [--restart-every SECS] [--konn DIR] [--out DIR]
+konn-bench guards [--reps N] [--konn DIR] [--engine E] [--only S1,S4]
+                  [--tolerance PCT] [--out FILE] [--no-pin]
+";
+
 fn main() -> Result<()> {
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
@@ -122,9 +125,13 @@ fn main() -> Result<()> {
         Some("agents") => agents_main(it),
         Some("soak") => soak_main(it),
         Some("guards") => guards_main(it),
+        Some("-h" | "--help" | "help") => {
+            print!("{USAGE}");
+            Ok(())
+        }
         Some(other) => {
             bail!(
-                "unknown subcommand {other:?} (agents, compare, guards, icount, idle, multi, reverse, soak)"
+                "unknown subcommand {other:?} (agents, compare, guards, icount, idle, multi, reverse, soak; --help for their flags)"
             )
         }
     }
