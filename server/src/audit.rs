@@ -449,10 +449,12 @@ mod tests {
             queue: 64,
         };
         let (log, writer) = AuditLog::start(cfg, 1).unwrap();
-        for _ in 0..20 {
+        for i in 1..=20 {
             assert!(log.push(0, record("d:1")));
-            // One at a time, so each write is one record.
-            wait_for(|| log.queues[0].is_empty());
+            // One at a time, so each write is one record (an empty queue
+            // is not enough: the writer may not have written the record it
+            // took, and would take the next one into the same write).
+            wait_for(|| log.written() == i);
         }
         writer.stop();
         assert_eq!(log.written(), 20);
