@@ -36,6 +36,9 @@
 //!   way kube-apiserver does (one gRPC frontend connection per dial over the
 //!   Unix socket), sends one message on each, keeps them open and reports the
 //!   resident-memory growth per idle connection of the server and the agent.
+//!   `--frontend` picks kube-apiserver's egress transport instead: gRPC or
+//!   HTTP CONNECT, over the Unix socket or TCP with mTLS (`grpc-uds`, the
+//!   default, `grpc-tls`, `connect-uds`, `connect-tls`).
 //!   `--impl NAME=DIR` runs the scenario for the binaries in DIR (both named
 //!   `proxy-server` and `proxy-agent`), with flags for both after a `:`
 //!   (comma-separated: `--impl konn-noresume=DIR:--resume-window=0`); the
@@ -90,8 +93,10 @@ use konn_bench::harness::report::UPSTREAM;
 use konn_bench::harness::{Binaries, Mode, Topology, rss_kib};
 use konn_bench::harness::{agents, multi, soak};
 use konn_core::io::runtime::{Engine, IoEngine, block_on, resolve};
+use konn_core::io::tls::{ClientTls, ClientTlsOptions, PemSource};
+use konn_testkit::connect::{ConnectTunnel, http1_tls};
 use konn_testkit::dest::Destination;
-use konn_testkit::frontend::GrpcFrontend;
+use konn_testkit::frontend::{GrpcFrontend, Tunnel};
 use konn_testkit::{pki, procs};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -102,7 +107,8 @@ konn-bench compare [--quick] [--reps N] [--upstream DIR] [--konn DIR]
                    [--engines io-uring[:OPTS],epoll] [--idle N] [--only S1,S3,…]
                    [--out DIR] [--min-s1 RATIO] [--max-s3 RATIO] [--min-s4 RATIO] [--no-pin]
                    [--also NAME=DIR:ENGINE[:FLAG,FLAG…]]...
-konn-bench idle [--connections N] [--hold SECS] [--impl NAME=DIR[:FLAG,FLAG…]]...
+konn-bench idle [--connections N] [--hold SECS] [--frontend grpc-uds|grpc-tls|connect-uds|connect-tls]
+                [--impl NAME=DIR[:FLAG,FLAG…]]...
 konn-bench reverse [--quick] [--reps N] [--konn DIR] [--no-pin]
 konn-bench icount [--konn DIR] [--check FILE] [--write FILE] [--tolerance PCT]
                   [--profile DIR [--runs idle,dials,…]] [--engine ENGINE[:OPTS]]
@@ -845,12 +851,122 @@ fn cpu_model() -> String {
         .unwrap_or_default()
 }
 
+/// kube-apiserver's egress transport in `konn-bench idle`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Frontend {
+    GrpcUds,
+    GrpcTls,
+    ConnectUds,
+    ConnectTls,
+}
+
+impl Frontend {
+    fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "grpc-uds" => Self::GrpcUds,
+            "grpc-tls" => Self::GrpcTls,
+            "connect-uds" => Self::ConnectUds,
+            "connect-tls" => Self::ConnectTls,
+            other => {
+                bail!("--frontend {other:?}: one of grpc-uds, grpc-tls, connect-uds, connect-tls")
+            }
+        })
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::GrpcUds => "gRPC frontend over UDS",
+            Self::GrpcTls => "gRPC frontend over TCP with mTLS",
+            Self::ConnectUds => "HTTP CONNECT frontend over UDS",
+            Self::ConnectTls => "HTTP CONNECT frontend over TCP with mTLS",
+        }
+    }
+
+    fn mode(self) -> Mode {
+        match self {
+            Self::GrpcUds | Self::GrpcTls => Mode::Grpc,
+            Self::ConnectUds | Self::ConnectTls => Mode::HttpConnect,
+        }
+    }
+
+    fn tls(self) -> bool {
+        matches!(self, Self::GrpcTls | Self::ConnectTls)
+    }
+}
+
+/// Where and how the idle client reaches the frontend.
+#[derive(Clone)]
+struct FrontendAddr {
+    kind: Frontend,
+    socket: PathBuf,
+    /// TCP address and client TLS (kube-apiserver's certificate).
+    tcp: Option<(String, ClientTls)>,
+}
+
+/// One open idle connection of any frontend transport.
+enum IdleConn {
+    Grpc(GrpcFrontend, Tunnel),
+    Connect(ConnectTunnel),
+}
+
+impl FrontendAddr {
+    /// Dial `dest`, echo one 16-byte message and keep the connection.
+    async fn open(&self, dest: &str, msg: &[u8; 16]) -> Result<IdleConn> {
+        let tcp = || self.tcp.as_ref().context("no TCP frontend");
+        let conn = match self.kind {
+            Frontend::GrpcUds | Frontend::GrpcTls => {
+                let fe = if self.kind == Frontend::GrpcUds {
+                    GrpcFrontend::connect_unix(&self.socket).await?
+                } else {
+                    let (addr, tls) = tcp()?;
+                    GrpcFrontend::connect_tls(addr, tls).await?
+                };
+                let t = fe.dial(dest, TIMEOUT).await?;
+                t.write(msg).await?;
+                let back = t.read_exact(msg.len(), TIMEOUT).await?;
+                ensure!(back == msg, "echo mismatch");
+                IdleConn::Grpc(fe, t)
+            }
+            Frontend::ConnectUds | Frontend::ConnectTls => {
+                let mut t = if self.kind == Frontend::ConnectUds {
+                    ConnectTunnel::unix(&self.socket, dest, TIMEOUT).await?
+                } else {
+                    let (addr, tls) = tcp()?;
+                    ConnectTunnel::tls(addr, tls, dest, TIMEOUT).await?
+                };
+                t.write(msg).await?;
+                let back = t.read_exact(msg.len(), TIMEOUT).await?;
+                ensure!(back == msg, "echo mismatch");
+                IdleConn::Connect(t)
+            }
+        };
+        Ok(conn)
+    }
+}
+
+impl IdleConn {
+    async fn close(self) -> Result<()> {
+        match self {
+            Self::Grpc(fe, t) => {
+                t.close(TIMEOUT).await?;
+                fe.close().await;
+            }
+            Self::Connect(t) => t.close().await,
+        }
+        Ok(())
+    }
+}
+
 fn idle_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let mut connections = 1000;
     let mut hold = Duration::ZERO;
+    let mut frontend = Frontend::GrpcUds;
     let mut impls = Vec::new();
     while let Some(a) = it.next() {
         match a.as_str() {
+            "--frontend" => {
+                frontend = Frontend::parse(&it.next().context("--frontend needs a transport")?)?;
+            }
             "--connections" => {
                 connections = it.next().context("--connections needs a number")?.parse()?;
             }
@@ -880,15 +996,51 @@ fn idle_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let dir = &work.0;
     let certs = pki::write(dir)?;
     let echo = Destination::echo()?;
-    println!("S5 idle connections: {connections} tunnelled connections, gRPC frontend over UDS");
+    let tcp = if frontend.tls() {
+        let port = konn_testkit::ports::free_port();
+        let flags = [
+            "--uds-name=".to_owned(),
+            "--server-bind-address=127.0.0.1".to_owned(),
+            format!("--server-port={port}"),
+            format!("--server-cert={}", certs.server_cert.display()),
+            format!("--server-key={}", certs.server_key.display()),
+            format!("--server-ca-cert={}", certs.ca_cert.display()),
+        ];
+        for b in &mut impls {
+            b.server_flags.extend(flags.iter().cloned());
+        }
+        let mut o = ClientTlsOptions::new(PemSource::File(certs.ca_cert.clone()), "127.0.0.1");
+        o.identity = Some((
+            PemSource::File(certs.frontend_cert.clone()),
+            PemSource::File(certs.frontend_key.clone()),
+        ));
+        let tls = o.build()?;
+        let tls = if frontend == Frontend::ConnectTls {
+            http1_tls(&tls)
+        } else {
+            tls
+        };
+        Some((format!("127.0.0.1:{port}"), tls))
+    } else {
+        None
+    };
+    println!(
+        "S5 idle connections: {connections} tunnelled connections, {}",
+        frontend.describe()
+    );
     println!(
         "| impl | server KiB/conn | agent KiB/conn | server RSS base→open→closed (MiB) | agent RSS base→open→closed (MiB) |"
     );
     println!("|---|---:|---:|---|---|");
     for bins in &impls {
-        let topo = Topology::start(bins, Mode::Grpc, dir, &certs, None)
+        let topo = Topology::start(bins, frontend.mode(), dir, &certs, None)
             .with_context(|| format!("starting {}", bins.name))?;
-        let r = idle(&topo, echo.addr().to_string(), connections, hold)?;
+        let fe = FrontendAddr {
+            kind: frontend,
+            socket: topo.socket.clone(),
+            tcp: tcp.clone(),
+        };
+        let r = idle(&topo, &fe, echo.addr().to_string(), connections, hold)?;
         if !topo.stop(Duration::from_secs(10)) {
             eprintln!("  {}: a process did not stop on SIGTERM", bins.name);
         }
@@ -915,7 +1067,13 @@ struct IdleResult {
     agent: [u64; 3],
 }
 
-fn idle(topo: &Topology, dest: String, n: usize, hold: Duration) -> Result<IdleResult> {
+fn idle(
+    topo: &Topology,
+    fe: &FrontendAddr,
+    dest: String,
+    n: usize,
+    hold: Duration,
+) -> Result<IdleResult> {
     let (sp, ap) = (topo.server.pid(), topo.agent.pid());
     let rss = || -> Result<(u64, u64)> {
         Ok((
@@ -924,7 +1082,7 @@ fn idle(topo: &Topology, dest: String, n: usize, hold: Duration) -> Result<IdleR
         ))
     };
     let engine = resolve(IoEngine::Auto).map_or(Engine::Epoll, |r| r.engine());
-    let socket = topo.socket.clone();
+    let fe = fe.clone();
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -932,29 +1090,18 @@ fn idle(topo: &Topology, dest: String, n: usize, hold: Duration) -> Result<IdleR
         block_on(engine, async move {
             // Warm-up: the first dials pay for one-time allocations.
             for _ in 0..20 {
-                let fe = GrpcFrontend::connect_unix(&socket).await?;
-                let t = fe.dial(&dest, TIMEOUT).await?;
-                t.write(b"warm-up message!").await?;
-                t.read_exact(16, TIMEOUT).await?;
-                t.close(TIMEOUT).await?;
-                fe.close().await;
+                fe.open(&dest, b"warm-up message!").await?.close().await?;
             }
             tx.send(()).ok();
             go_rx.recv().ok();
             let mut open = Vec::with_capacity(n);
             for _ in 0..n {
-                let fe = GrpcFrontend::connect_unix(&socket).await?;
-                let t = fe.dial(&dest, TIMEOUT).await?;
-                t.write(b"one idle message").await?;
-                let back = t.read_exact(16, TIMEOUT).await?;
-                anyhow::ensure!(back == b"one idle message", "echo mismatch");
-                open.push((fe, t));
+                open.push(fe.open(&dest, b"one idle message").await?);
             }
             tx.send(()).ok();
             go_rx.recv().ok();
-            for (fe, t) in open {
-                t.close(TIMEOUT).await?;
-                fe.close().await;
+            for c in open {
+                c.close().await?;
             }
             done_tx.send(()).ok();
             anyhow::Ok(())
