@@ -11,9 +11,10 @@
 //! - bytes the client sent right after the request head are forwarded first.
 //!
 //! One task serves one connection. It waits for readability before reading
-//! (an idle connection holds no buffer), reads into a pooled buffer right
-//! after room for the DATA packet header (plaintext: no copy), and writes
-//! the agent's payloads in order.
+//! (an idle connection holds no buffer: with TLS, the ciphertext and
+//! plaintext buffers are given back once taken whole), reads into a pooled
+//! buffer right after room for the DATA packet header (plaintext: no
+//! copy), and writes the agent's payloads in order.
 //!
 //! Flow control (docs/design/tunnel.md): the payloads waiting for the
 //! client are this frontend's queue; after every write the router learns
@@ -55,6 +56,9 @@ const HEADROOM: usize = 32;
 /// not read until the dial ends.
 const EARLY_LIMIT: usize = 64 * 1024;
 
+/// Room made for one socket read of a [`Wire`] (a TLS record and more).
+const READ_ROOM: usize = 16 * 1024;
+
 /// A CONNECT client's socket.
 pub enum Sock {
     /// TCP (with TLS on top).
@@ -94,8 +98,9 @@ impl Sock {
     }
 
     /// Waits until the socket has data (or its end) or `wake` fires, then
-    /// reads what is there into `buf`'s spare room, at most `max` bytes,
-    /// without blocking (`sock::recv_now`). No read is in flight while the
+    /// makes room for `max` bytes in `buf` (only now: a quiet client holds
+    /// no buffer) and reads what is there, at most `max` bytes, without
+    /// blocking (`sock::recv_now`). No read is in flight while the
     /// task waits, so `wake` coming first cancels nothing. `relaxed` as in
     /// [`konn_core::io::sock::ReadReady`] for the first wait; a stale
     /// readiness makes the next wait exact. `None`: woken, nothing read.
@@ -112,6 +117,7 @@ impl Sock {
                 Either::Right(Err(e)) => return Some(Err(e)),
                 Either::Right(Ok(())) => {}
             }
+            buf.reserve(max);
             match sock::recv_now(self.fd(), buf, max) {
                 Some(r) => return Some(r),
                 None => relaxed = false,
@@ -234,7 +240,9 @@ impl ConnectFrontend {
 /// A connection's socket with optional TLS, driven by one task.
 pub struct Wire {
     sock: Sock,
-    tls: Option<TlsLayer>,
+    /// Boxed: the connection's task keeps the wire in more than one of its
+    /// states, and a TLS layer is over a kilobyte.
+    tls: Option<Box<TlsLayer>>,
     /// Ciphertext read but not yet taken by TLS.
     cipher: BytesMut,
     /// Plaintext decrypted but not yet consumed.
@@ -247,7 +255,7 @@ pub struct Wire {
 
 impl Wire {
     /// A wire over `sock`, with `tls` for TCP, and bytes already read.
-    pub fn new(sock: Sock, tls: Option<TlsLayer>, plain: BytesMut) -> Self {
+    pub fn new(sock: Sock, tls: Option<Box<TlsLayer>>, plain: BytesMut) -> Self {
         Self {
             sock,
             tls,
@@ -265,7 +273,7 @@ impl Wire {
     pub fn peer(&self, identity: bool) -> crate::accounting::FrontendPeer {
         match &self.sock {
             Sock::Tcp(t) => {
-                crate::accounting::tcp_peer(t.peer_addr().ok(), self.tls.as_ref(), identity)
+                crate::accounting::tcp_peer(t.peer_addr().ok(), self.tls.as_deref(), identity)
             }
             Sock::Unix(u) => {
                 crate::accounting::unix_peer(std::os::fd::AsRawFd::as_raw_fd(u), identity)
@@ -274,7 +282,7 @@ impl Wire {
     }
 
     /// Parts for a migration: socket, TLS state, unread plaintext.
-    pub fn into_parts(self) -> (Sock, Option<TlsLayer>, BytesMut) {
+    pub fn into_parts(self) -> (Sock, Option<Box<TlsLayer>>, BytesMut) {
         (self.sock, self.tls, self.plain)
     }
 
@@ -301,19 +309,19 @@ impl Wire {
         } else {
             &mut self.cipher
         });
-        let len = buf.len();
-        buf.reserve(16 * 1024);
-        let cap = buf.capacity();
         let (r, buf) = match wake {
             Some(w) => {
                 let r = self
                     .sock
-                    .read_or_wake(&mut buf, cap - len, self.full, w)
+                    .read_or_wake(&mut buf, READ_ROOM, self.full, w)
                     .await;
-                self.full = matches!(r, Some(Ok(n)) if n == cap - len);
+                self.full = matches!(r, Some(Ok(n)) if n == READ_ROOM);
                 (r, buf)
             }
             None => {
+                let len = buf.len();
+                buf.reserve(READ_ROOM);
+                let cap = buf.capacity();
                 let (r, b) = self.sock.read(buf, len, cap).await;
                 (Some(r), b)
             }
@@ -350,6 +358,11 @@ impl Wire {
             if used == 0 || self.cipher.is_empty() {
                 break;
             }
+        }
+        if self.cipher.is_empty() {
+            // Taken whole: give the allocation back, so that a quiet
+            // connection holds none (the next read makes room again).
+            self.cipher = BytesMut::new();
         }
         self.flush_tls().await?;
         Ok(Some(!self.eof || !self.plain.is_empty()))
@@ -548,10 +561,6 @@ async fn relay(
             cf.wake.notified().await;
             continue;
         }
-        // Readable first, so a quiet client holds no buffer.
-        if let Either::Left(()) = race(cf.wake.notified(), wire.sock.readable(false)).await {
-            continue;
-        }
         match wire.fill_or_wake(Some(&cf.wake)).await {
             Ok(None) => {}
             Ok(Some(_)) if !wire.eof => {}
@@ -593,6 +602,8 @@ pub(crate) async fn relay_established(
             None,
         );
     }
+    // The buffer the head was read into: a quiet connection keeps none.
+    wire.plain = BytesMut::new();
     // The last read filled its buffer (see `ReadReady` on `relaxed`).
     let mut full = false;
     loop {
@@ -698,6 +709,9 @@ pub(crate) async fn relay_established(
                             None,
                         );
                     }
+                    // Every chunk was copied: a quiet connection keeps no
+                    // plaintext buffer either.
+                    wire.plain = BytesMut::new();
                     if !more || wire.eof {
                         return;
                     }

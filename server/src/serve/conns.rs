@@ -339,7 +339,7 @@ pub(super) fn serve_frontend(
                     FrontSock::Tcp(t) => Sock::Tcp(t),
                     FrontSock::Unix(u) => Sock::Unix(u),
                 },
-                tls,
+                tls.map(Box::new),
                 BytesMut::new(),
             );
             worker.spawn(connect_frontend(worker.clone(), cluster, wire, migrate));

@@ -109,7 +109,7 @@ pub enum MigrantKind {
     /// A CONNECT whose head was read.
     Connect {
         /// TLS state (TCP frontends).
-        tls: Option<TlsLayer>,
+        tls: Option<Box<TlsLayer>>,
         /// Client bytes after the head.
         plain: BytesMut,
         /// The CONNECT target.
