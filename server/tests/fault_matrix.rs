@@ -744,8 +744,6 @@ fn measure(limit: Duration, what: &str, cond: impl FnMut() -> bool) -> Result<Du
     }
 }
 
-/// Starts `n` flows through `server` to `dest` and waits until each has
-/// echoed something.
 /// At most this many chunks in the flows a fault must cut mid-transfer
 /// (rows 01 and 06c): paced for 30 s, so the fault lands while every flow
 /// is in full swing even when the agents' dial counts took several scrapes
@@ -772,6 +770,8 @@ fn open_at_fault(flows: &[Flow]) -> Result<(), String> {
     })
 }
 
+/// Starts `n` flows through `server` to `dest` and waits until each has
+/// echoed something.
 fn start_flows(
     server: &Server,
     dest: SocketAddr,

@@ -913,33 +913,35 @@ impl FrontendAddr {
     /// Dial `dest`, echo one 16-byte message and keep the connection.
     async fn open(&self, dest: &str, msg: &[u8; 16]) -> Result<IdleConn> {
         let tcp = || self.tcp.as_ref().context("no TCP frontend");
-        let conn = match self.kind {
-            Frontend::GrpcUds | Frontend::GrpcTls => {
-                let fe = if self.kind == Frontend::GrpcUds {
-                    GrpcFrontend::connect_unix(&self.socket).await?
-                } else {
-                    let (addr, tls) = tcp()?;
-                    GrpcFrontend::connect_tls(addr, tls).await?
-                };
-                let t = fe.dial(dest, TIMEOUT).await?;
-                t.write(msg).await?;
-                let back = t.read_exact(msg.len(), TIMEOUT).await?;
-                ensure!(back == msg, "echo mismatch");
-                IdleConn::Grpc(fe, t)
+        let grpc = |fe: GrpcFrontend| async move {
+            let t = fe.dial(dest, TIMEOUT).await?;
+            anyhow::Ok(IdleConn::Grpc(fe, t))
+        };
+        let mut conn = match self.kind {
+            Frontend::GrpcUds => grpc(GrpcFrontend::connect_unix(&self.socket).await?).await?,
+            Frontend::GrpcTls => {
+                let (addr, tls) = tcp()?;
+                grpc(GrpcFrontend::connect_tls(addr, tls).await?).await?
             }
-            Frontend::ConnectUds | Frontend::ConnectTls => {
-                let mut t = if self.kind == Frontend::ConnectUds {
-                    ConnectTunnel::unix(&self.socket, dest, TIMEOUT).await?
-                } else {
-                    let (addr, tls) = tcp()?;
-                    ConnectTunnel::tls(addr, tls, dest, TIMEOUT).await?
-                };
-                t.write(msg).await?;
-                let back = t.read_exact(msg.len(), TIMEOUT).await?;
-                ensure!(back == msg, "echo mismatch");
-                IdleConn::Connect(t)
+            Frontend::ConnectUds => {
+                IdleConn::Connect(ConnectTunnel::unix(&self.socket, dest, TIMEOUT).await?)
+            }
+            Frontend::ConnectTls => {
+                let (addr, tls) = tcp()?;
+                IdleConn::Connect(ConnectTunnel::tls(addr, tls, dest, TIMEOUT).await?)
             }
         };
+        let back = match &mut conn {
+            IdleConn::Grpc(_, t) => {
+                t.write(msg).await?;
+                t.read_exact(msg.len(), TIMEOUT).await?
+            }
+            IdleConn::Connect(t) => {
+                t.write(msg).await?;
+                t.read_exact(msg.len(), TIMEOUT).await?
+            }
+        };
+        ensure!(back == msg, "echo mismatch");
         Ok(conn)
     }
 }
