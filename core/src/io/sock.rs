@@ -1,14 +1,21 @@
 //! Small socket helpers the drivers share, and the packet sockets
 //! ([`packet_split`]): a destination socket read one DATA packet at a time,
 //! on the worker's io_uring data ring (`io::uring`) when it has one.
+//!
+//! **System calls per byte.** Off the data ring a packet socket reads up to
+//! [`READ_GATHER`] packets with one `recvmsg` and writes the packets queued
+//! for it with one `sendmsg`: on loopback TCP a call costs about the same
+//! for 16 KiB as for 64 KiB (the receive side's window update, the send
+//! side's per-segment work), so one call per 16 KiB packet spent a
+//! kernel's worth of CPU per byte on calls (docs/BENCHMARKS.md, "Bytes per
+//! system call").
 
 use std::future::Future;
 use std::io;
 
 use bytes::{Bytes, BytesMut};
 use konn_frames::packet::MAX_DATA_PAYLOAD;
-use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, Splitable};
+use monoio::io::{AsyncWriteRent, OwnedReadHalf, Splitable};
 use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 use monoio::net::{TcpStream, UnixStream};
 
@@ -22,12 +29,15 @@ use crate::Error;
 /// agent's destinations): every read is one packet's payload, in a pooled
 /// buffer with room for the packet's header in front.
 pub enum PacketRead {
-    /// On monoio's operations. `full`: the last read filled its buffer.
+    /// On monoio's readiness and non-blocking `recvmsg`.
     Mono {
         /// The socket's read half.
         rd: TcpOwnedReadHalf,
-        /// The last read filled its buffer (more is probably waiting).
+        /// The last read filled its buffers (more is probably waiting).
         full: bool,
+        /// Packets the last read received after the one it returned, in
+        /// order (`None` once handed out).
+        more: [Option<BytesMut>; READ_GATHER - 1],
     },
     /// On the data ring (kernel-picked buffers).
     Ring(RingRead),
@@ -51,7 +61,12 @@ pub fn packet_split(stream: TcpStream) -> (PacketRead, PacketWrite) {
         }
         Err(stream) => {
             let (rd, wr) = stream.into_split();
-            (PacketRead::Mono { rd, full: false }, PacketWrite::Mono(wr))
+            let read = PacketRead::Mono {
+                rd,
+                full: false,
+                more: Default::default(),
+            };
+            (read, PacketWrite::Mono(wr))
         }
     }
 }
@@ -60,32 +75,93 @@ impl PacketRead {
     /// The next payload: a pooled buffer of [`PACKET_HEADROOM`] zeroed
     /// bytes followed by 1 to [`MAX_DATA_PAYLOAD`] received bytes; `None`
     /// at EOF. An idle socket holds no buffer while it waits (monoio: a
-    /// readiness wait first, skipped after a read that filled its buffer;
+    /// readiness wait first, skipped after a read that filled its buffers;
     /// the ring: the kernel picks the buffer when data arrives). While the
     /// memory budget is used up it waits for a buffer, at most the pool's
     /// `acquire_timeout`.
+    ///
+    /// Off the ring one `recvmsg` fills up to [`READ_GATHER`] buffers (the
+    /// first one waited for, the others only if the pool has them at once
+    /// and is not short); the packets after the first are returned by the
+    /// next calls without a system call.
     ///
     /// # Errors
     ///
     /// The socket's error, or [`Error::BufferWaitTimeout`].
     pub async fn read(&mut self, pool: &BufPool) -> Result<Option<BytesMut>, Error> {
-        match self {
-            Self::Ring(rd) => rd.recv().await,
-            Self::Mono { rd, full } => {
-                if !*full {
-                    readable(rd, false).await.map_err(Error::Io)?;
-                }
-                let mut buf = pool.acquire().await?;
-                buf.resize(PACKET_HEADROOM, 0);
-                let read =
-                    rd.read(buf.slice_mut(PACKET_HEADROOM..PACKET_HEADROOM + MAX_DATA_PAYLOAD));
-                let (res, slice) = read.await;
-                let n = res.map_err(Error::Io)?;
-                *full = n == MAX_DATA_PAYLOAD;
-                Ok((n > 0).then(|| slice.into_inner()))
+        let (rd, full, more) = match self {
+            Self::Ring(rd) => return rd.recv().await,
+            Self::Mono { rd, full, more } => (rd, full, more),
+        };
+        if let Some(next) = more.iter_mut().find_map(Option::take) {
+            return Ok(Some(next));
+        }
+        loop {
+            if !*full {
+                readable(rd, false).await.map_err(Error::Io)?;
             }
+            let mut bufs: [BytesMut; READ_GATHER] = Default::default();
+            bufs[0] = pool.acquire().await?;
+            let mut k = 1;
+            if !pool.under_pressure() {
+                while k < READ_GATHER {
+                    let Some(b) = pool.try_acquire_quiet(super::pool::Size::Frame) else {
+                        break;
+                    };
+                    bufs[k] = b;
+                    k += 1;
+                }
+            }
+            for b in &mut bufs[..k] {
+                b.resize(PACKET_HEADROOM, 0);
+            }
+            let got = match recv_gather_now(read_half_fd(rd), &mut bufs[..k], MAX_DATA_PAYLOAD) {
+                // Stale readiness: wait exactly (the buffers go back).
+                None => {
+                    *full = false;
+                    continue;
+                }
+                Some(got) => got.map_err(Error::Io)?,
+            };
+            if got == 0 {
+                return Ok(None);
+            }
+            *full = got == k * MAX_DATA_PAYLOAD;
+            let mut filled = bufs
+                .into_iter()
+                .take(k)
+                .filter(|b| b.len() > PACKET_HEADROOM);
+            let first = filled.next();
+            for (slot, b) in more.iter_mut().zip(filled) {
+                *slot = Some(b);
+            }
+            return Ok(first);
         }
     }
+}
+
+/// Buffers one read of a packet socket fills at most, off the data ring
+/// (about 64 KiB: see the module docs).
+pub const READ_GATHER: usize = 4;
+
+/// The descriptor of a split TCP stream's read half.
+#[allow(unsafe_code)]
+fn read_half_fd(rd: &TcpOwnedReadHalf) -> std::os::fd::RawFd {
+    use std::os::fd::AsRawFd;
+    // SAFETY: as in `readable`: a shared reference to the stream the
+    // split keeps, used only to read its descriptor number; no `&mut` to
+    // it exists meanwhile (this half's operations take `&mut self`).
+    let stream = unsafe { &*rd.0.get() };
+    stream.as_raw_fd()
+}
+
+/// The descriptor of a split TCP stream's write half.
+#[allow(unsafe_code)]
+fn write_half_fd(wr: &TcpOwnedWriteHalf) -> std::os::fd::RawFd {
+    use std::os::fd::AsRawFd;
+    // SAFETY: as in `read_half_fd`.
+    let stream = unsafe { &*wr.0.get() };
+    stream.as_raw_fd()
 }
 
 impl PacketWrite {
@@ -114,7 +190,19 @@ impl PacketWrite {
         queue: &std::cell::RefCell<std::collections::VecDeque<Bytes>>,
     ) -> io::Result<usize> {
         match self {
-            Self::Mono(wr) => wr.write(first.clone()).await.0,
+            Self::Mono(wr) => {
+                // One non-blocking `sendmsg` of everything queued; only a
+                // full socket makes monoio's write wait for room.
+                let sent = {
+                    let q = queue.borrow();
+                    let parts = std::iter::once(first).chain(q.iter()).map(Bytes::as_ref);
+                    send_gather_now(write_half_fd(wr), parts)
+                };
+                match sent {
+                    Some(r) => r,
+                    None => wr.write(first.clone()).await.0,
+                }
+            }
             Self::Ring(wr) => {
                 let bufs = {
                     let q = queue.borrow();
@@ -320,6 +408,117 @@ pub fn recv_now(
     }
 }
 
+/// [`recv_now`] into several buffers with one `recvmsg`: fills the spare
+/// room of `bufs` in turn, at most `max` bytes each, and returns the total
+/// (`Some(Ok(0))` at end of stream, `None` when nothing is there).
+#[allow(unsafe_code)]
+pub fn recv_gather_now(
+    fd: std::os::fd::RawFd,
+    bufs: &mut [BytesMut],
+    max: usize,
+) -> Option<io::Result<usize>> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; READ_GATHER];
+    let mut k = 0;
+    for (v, b) in iov.iter_mut().zip(bufs.iter_mut()) {
+        let spare = b.spare_capacity_mut();
+        let len = spare.len().min(max);
+        if len == 0 {
+            break;
+        }
+        *v = libc::iovec {
+            iov_base: spare.as_mut_ptr().cast(),
+            iov_len: len,
+        };
+        k += 1;
+    }
+    if k == 0 {
+        // A zero-length read would look like the end of the stream.
+        return Some(Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "recv_gather_now: no room in the buffers",
+        )));
+    }
+    // SAFETY: an all-zero `msghdr` is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = k;
+    let n = loop {
+        // SAFETY: each of the first `k` iovecs points at the spare room of
+        // a distinct buffer of `bufs`, exclusively borrowed here, with its
+        // length within that room; the kernel writes only there and keeps
+        // no pointer after the call.
+        let n = unsafe { libc::recvmsg(fd, &raw mut msg, libc::MSG_DONTWAIT) };
+        match usize::try_from(n) {
+            Ok(n) => break n,
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => {}
+                    io::ErrorKind::WouldBlock => return None,
+                    _ => return Some(Err(e)),
+                }
+            }
+        }
+    };
+    let mut left = n;
+    for (v, b) in iov.iter().zip(bufs.iter_mut()).take(k) {
+        let got = left.min(v.iov_len);
+        // SAFETY: the kernel filled the iovecs in order, so the first
+        // `got` bytes of this buffer's spare room are initialised.
+        unsafe { b.set_len(b.len() + got) };
+        left -= got;
+    }
+    Some(Ok(n))
+}
+
+/// Sends as much of `parts` (the first [`super::uring::MAX_IOV`]
+/// non-empty ones) as socket `fd` takes now, with one non-blocking
+/// `sendmsg`; returns the bytes sent, counted from the start of the first
+/// part, or `None` when the socket has no room at all (wait for it).
+#[allow(unsafe_code)]
+pub fn send_gather_now<'a>(
+    fd: std::os::fd::RawFd,
+    parts: impl Iterator<Item = &'a [u8]>,
+) -> Option<io::Result<usize>> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; uring::MAX_IOV];
+    let mut k = 0;
+    for part in parts.filter(|p| !p.is_empty()).take(uring::MAX_IOV) {
+        iov[k] = libc::iovec {
+            iov_base: part.as_ptr().cast_mut().cast(),
+            iov_len: part.len(),
+        };
+        k += 1;
+    }
+    // SAFETY: an all-zero `msghdr` is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = k;
+    loop {
+        // SAFETY: the first `k` iovecs point into the slices of `parts`,
+        // borrowed for this call; the kernel only reads them and keeps no
+        // pointer after the call.
+        let n =
+            unsafe { libc::sendmsg(fd, &raw const msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        match usize::try_from(n) {
+            Ok(n) => return Some(Ok(n)),
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => {}
+                    io::ErrorKind::WouldBlock => return None,
+                    _ => return Some(Err(e)),
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod recv_tests {
     use std::io::Write as _;
@@ -370,6 +569,71 @@ mod recv_tests {
                 .is_err(),
             "no room is not EOF"
         );
+    }
+}
+
+#[cfg(test)]
+mod gather_tests {
+    use std::io::{Read as _, Write as _};
+    use std::os::fd::AsRawFd;
+
+    use bytes::BytesMut;
+
+    #[test]
+    fn one_call_fills_the_buffers_in_turn_and_sends_the_parts_in_order() {
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut bufs = [
+            BytesMut::with_capacity(8),
+            BytesMut::with_capacity(8),
+            BytesMut::with_capacity(8),
+        ];
+        bufs[0].extend_from_slice(b"h");
+        assert!(super::recv_gather_now(a.as_raw_fd(), &mut bufs, 3).is_none());
+        b.write_all(b"abcdefg").unwrap();
+        let n = super::recv_gather_now(a.as_raw_fd(), &mut bufs, 3)
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 7);
+        // At most `max` each, after what a buffer held.
+        assert_eq!(
+            [&bufs[0][..], &bufs[1][..], &bufs[2][..]],
+            [&b"habc"[..], b"def", b"g"]
+        );
+
+        let parts: [&[u8]; 4] = [b"12", b"", b"345", b"6"];
+        let sent = super::send_gather_now(a.as_raw_fd(), parts.into_iter())
+            .unwrap()
+            .unwrap();
+        assert_eq!(sent, 6);
+        let mut got = [0u8; 6];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"123456");
+
+        // A full socket takes nothing: `None`, not an error.
+        let chunk = vec![7u8; 64 * 1024];
+        let mut rounds = 0;
+        while let Some(r) = super::send_gather_now(a.as_raw_fd(), [&chunk[..]].into_iter()) {
+            assert!(r.unwrap() > 0);
+            rounds += 1;
+            assert!(rounds < 10_000, "the socket never filled");
+        }
+        drop(b);
+        let mut empty = [BytesMut::new()];
+        assert!(
+            super::recv_gather_now(a.as_raw_fd(), &mut empty, 3)
+                .unwrap()
+                .is_err(),
+            "no room is not EOF"
+        );
+    }
+
+    #[test]
+    fn the_end_of_the_stream_reads_as_zero() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(b);
+        let mut bufs = [BytesMut::with_capacity(8)];
+        let n = super::recv_gather_now(a.as_raw_fd(), &mut bufs, 8).unwrap();
+        assert_eq!(n.unwrap(), 0);
     }
 }
 
