@@ -1309,8 +1309,8 @@ async fn write_endpoint(ctx: Rc<Ctx>, ep: Rc<Endpoint>, mut wr: PacketWrite) {
         while !data.is_empty() {
             // A destination that stops reading blocks this write; the
             // tunnel's stuck watch aborts the endpoint, which ends it.
-            // On the data ring the packets queued behind `data` go with it
-            // in one gathered send.
+            // The packets queued behind `data` go with it in one gathered
+            // send.
             let written = match race(wr.write_queued(&data, &ep.queue), ep.abort.notified()).await {
                 Either::Left(r) => r,
                 Either::Right(()) => break 'queue,

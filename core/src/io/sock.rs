@@ -80,10 +80,13 @@ impl PacketRead {
     /// memory budget is used up it waits for a buffer, at most the pool's
     /// `acquire_timeout`.
     ///
-    /// Off the ring one `recvmsg` fills up to [`READ_GATHER`] buffers (the
-    /// first one waited for, the others only if the pool has them at once
-    /// and is not short); the packets after the first are returned by the
-    /// next calls without a system call.
+    /// Off the ring, after a read that filled its buffers, one `recvmsg`
+    /// fills up to [`READ_GATHER`] buffers (the first one waited for, the
+    /// others only if the pool has them at once and is not short); the
+    /// packets after the first are returned by the next calls without a
+    /// system call. After a short read (small messages) a read takes one
+    /// buffer, as taking and returning the others would cost more than
+    /// the call they might save.
     ///
     /// # Errors
     ///
@@ -97,13 +100,14 @@ impl PacketRead {
             return Ok(Some(next));
         }
         loop {
-            if !*full {
+            let gather = *full;
+            if !gather {
                 readable(rd, false).await.map_err(Error::Io)?;
             }
             let mut bufs: [BytesMut; READ_GATHER] = Default::default();
             bufs[0] = pool.acquire().await?;
             let mut k = 1;
-            if !pool.under_pressure() {
+            if gather && !pool.under_pressure() {
                 while k < READ_GATHER {
                     let Some(b) = pool.try_acquire_quiet(super::pool::Size::Frame) else {
                         break;
@@ -177,9 +181,11 @@ impl PacketWrite {
         }
     }
 
-    /// Writes `first` and, on the data ring, as many of the packets queued
-    /// after it as one gathered send takes; returns the bytes the socket
-    /// took (counted from the start of `first`).
+    /// Writes `first` and as many of the packets queued after it as one
+    /// gathered send takes (a ring operation, or off the ring a
+    /// non-blocking `sendmsg` — monoio's write of `first` alone only when
+    /// the socket is full); returns the bytes the socket took (counted
+    /// from the start of `first`).
     ///
     /// # Errors
     ///
