@@ -469,7 +469,10 @@ fn packet_reads_gather_and_keep_their_order() {
                     // everything before the reads.
                     let extra = more.iter().filter(|m| m.is_some()).count();
                     let want = if reads == 2 { READ_GATHER - 1 } else { 0 };
-                    assert!(reads > 2 || extra == want, "{engine:?}: read {reads} left {extra}");
+                    assert!(
+                        reads > 2 || extra == want,
+                        "{engine:?}: read {reads} left {extra}"
+                    );
                 }
             }
             assert_eq!(got, data, "{engine:?}");
