@@ -367,7 +367,7 @@ pub fn peer_credentials(fd: std::os::fd::RawFd) -> Option<(u32, u32, i32)> {
 }
 
 /// Reads what socket `fd` has now into `buf`'s spare room, at most `max`
-/// bytes, without blocking (`recv` with `MSG_DONTWAIT`, on either engine):
+/// bytes, without blocking (`recvmsg` with `MSG_DONTWAIT`, on either engine):
 /// `Some(Ok(0))` at end of stream, `None` when nothing is there (the
 /// readiness that led here was stale: wait again with an exact wait).
 ///
@@ -375,48 +375,18 @@ pub fn peer_credentials(fd: std::os::fd::RawFd) -> Option<(u32, u32, i32)> {
 /// this way never has a read in flight while it waits, so nothing needs
 /// cancelling when the something else comes first (monoio's cancelable
 /// reads register each read in a hashed set).
-#[allow(unsafe_code)]
 pub fn recv_now(
     fd: std::os::fd::RawFd,
     buf: &mut BytesMut,
     max: usize,
 ) -> Option<io::Result<usize>> {
-    let spare = buf.spare_capacity_mut();
-    let len = spare.len().min(max);
-    if len == 0 {
-        // A zero-length read would look like the end of the stream.
-        return Some(Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "recv_now: no room in the buffer",
-        )));
-    }
-    loop {
-        // SAFETY: `spare` is `buf`'s allocated, unused room of at least
-        // `len` bytes, exclusively borrowed here; the kernel writes at most
-        // `len` bytes there and keeps no pointer after the call.
-        let n = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), len, libc::MSG_DONTWAIT) };
-        match usize::try_from(n) {
-            Ok(n) => {
-                // SAFETY: the kernel initialised the first `n` (≤ `len`)
-                // bytes of the spare room.
-                unsafe { buf.set_len(buf.len() + n) };
-                return Some(Ok(n));
-            }
-            Err(_) => {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => {}
-                    io::ErrorKind::WouldBlock => return None,
-                    _ => return Some(Err(e)),
-                }
-            }
-        }
-    }
+    recv_gather_now(fd, std::slice::from_mut(buf), max)
 }
 
 /// [`recv_now`] into several buffers with one `recvmsg`: fills the spare
-/// room of `bufs` in turn, at most `max` bytes each, and returns the total
-/// (`Some(Ok(0))` at end of stream, `None` when nothing is there).
+/// room of `bufs` (the first [`READ_GATHER`]) in turn, at most `max` bytes
+/// each, and returns the total (`Some(Ok(0))` at end of stream, `None`
+/// when nothing is there).
 #[allow(unsafe_code)]
 pub fn recv_gather_now(
     fd: std::os::fd::RawFd,
@@ -444,7 +414,7 @@ pub fn recv_gather_now(
         // A zero-length read would look like the end of the stream.
         return Some(Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "recv_gather_now: no room in the buffers",
+            "recv_now: no room in the buffer",
         )));
     }
     // SAFETY: an all-zero `msghdr` is valid (no name, no control data).
@@ -483,7 +453,8 @@ pub fn recv_gather_now(
 /// Sends as much of `parts` (the first [`super::uring::MAX_IOV`]
 /// non-empty ones) as socket `fd` takes now, with one non-blocking
 /// `sendmsg`; returns the bytes sent, counted from the start of the first
-/// part, or `None` when the socket has no room at all (wait for it).
+/// part (0 when every part is empty), or `None` when the socket has no
+/// room at all (wait for it).
 #[allow(unsafe_code)]
 pub fn send_gather_now<'a>(
     fd: std::os::fd::RawFd,
@@ -500,6 +471,9 @@ pub fn send_gather_now<'a>(
             iov_len: part.len(),
         };
         k += 1;
+    }
+    if k == 0 {
+        return Some(Ok(0));
     }
     // SAFETY: an all-zero `msghdr` is valid (no name, no control data).
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
