@@ -4,11 +4,10 @@
 //!
 //! **System calls per byte.** Off the data ring a packet socket reads up to
 //! [`READ_GATHER`] packets with one `recvmsg` and writes the packets queued
-//! for it with one `sendmsg`: on loopback TCP a call costs about the same
-//! for 16 KiB as for 64 KiB (the receive side's window update, the send
-//! side's per-segment work), so one call per 16 KiB packet spent a
-//! kernel's worth of CPU per byte on calls (docs/BENCHMARKS.md, "Bytes per
-//! system call").
+//! for it with one `sendmsg`: on loopback TCP about 5 µs of every send and
+//! receive pair is fixed, so a hop done in 16 KiB calls costs the kernel
+//! 2.5× what 64 KiB calls cost (`bench/benches/loopback.rs`;
+//! docs/BENCHMARKS.md, "Bytes per system call").
 
 use std::future::Future;
 use std::io;
