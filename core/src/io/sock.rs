@@ -4,7 +4,7 @@
 //!
 //! **System calls per byte.** Off the data ring a packet socket reads up to
 //! [`READ_GATHER`] packets with one `recvmsg` and writes the packets queued
-//! for it with one `sendmsg`: on loopback TCP about 5 µs of every send and
+//! for it with one `sendmsg`: on loopback TCP about 8 µs of every send and
 //! receive pair is fixed, so a hop done in 16 KiB calls costs the kernel
 //! 2.5× what 64 KiB calls cost (`bench/benches/loopback.rs`;
 //! docs/BENCHMARKS.md, "Bytes per system call").
