@@ -390,6 +390,15 @@ fn a_dropped_receive_keeps_its_chunks() {
     .unwrap();
 }
 
+/// epoll (packet sockets on monoio), and io_uring where the data ring runs.
+fn packet_engines() -> Vec<Engine> {
+    let mut engines = vec![Engine::Epoll];
+    if ring_available() {
+        engines.push(Engine::IoUring);
+    }
+    engines
+}
+
 /// A destination's writer sends the packets queued behind the current one
 /// in one gathered send, at most `MAX_IOV` of them (empty ones skipped):
 /// on the data ring with a ring operation, on monoio (epoll) with a
@@ -401,12 +410,8 @@ fn queued_packets_go_in_one_gathered_send() {
     use std::cell::RefCell;
     use std::collections::VecDeque;
 
-    let mut engines = vec![Engine::Epoll];
-    if ring_available() {
-        engines.push(Engine::IoUring);
-    }
     let _serial = serial();
-    for engine in engines {
+    for engine in packet_engines() {
         block_on(engine, async move {
             let (mut client, server) = pair().await;
             let (_rd, mut wr) = sock::packet_split(server);
@@ -434,18 +439,14 @@ fn queued_packets_go_in_one_gathered_send() {
 /// A destination's reader off the data ring (epoll) takes up to
 /// `READ_GATHER` packets with one `recvmsg` after a read that filled its
 /// buffer, and hands them out one by one, in order, each after its zeroed
-/// headroom; on the ring every receive is
-/// one packet anyway. Both deliver the bytes unchanged.
+/// headroom; on the ring every receive is one packet anyway. Both deliver
+/// the bytes unchanged.
 #[test]
 fn packet_reads_gather_and_keep_their_order() {
     use konn_core::io::sock::{self, PacketRead, READ_GATHER};
 
-    let mut engines = vec![Engine::Epoll];
-    if ring_available() {
-        engines.push(Engine::IoUring);
-    }
     let _serial = serial();
-    for engine in engines {
+    for engine in packet_engines() {
         block_on(engine, async move {
             let pool = pool::current();
             let (mut client, server) = pair().await;

@@ -420,23 +420,13 @@ pub fn recv_gather_now(
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_mut_ptr();
     msg.msg_iovlen = k;
-    let n = loop {
-        // SAFETY: each of the first `k` iovecs points at the spare room of
-        // a distinct buffer of `bufs`, exclusively borrowed here, with its
-        // length within that room; the kernel writes only there and keeps
-        // no pointer after the call.
-        let n = unsafe { libc::recvmsg(fd, &raw mut msg, libc::MSG_DONTWAIT) };
-        match usize::try_from(n) {
-            Ok(n) => break n,
-            Err(_) => {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => {}
-                    io::ErrorKind::WouldBlock => return None,
-                    _ => return Some(Err(e)),
-                }
-            }
-        }
+    // SAFETY: each of the first `k` iovecs points at the spare room of a
+    // distinct buffer of `bufs`, exclusively borrowed here, with its length
+    // within that room; the kernel writes only there and keeps no pointer
+    // after the call.
+    let n = match non_blocking(|| unsafe { libc::recvmsg(fd, &raw mut msg, libc::MSG_DONTWAIT) }) {
+        Some(Ok(n)) => n,
+        other => return other,
     };
     let mut left = n;
     for (v, b) in iov.iter().zip(bufs.iter_mut()).take(k) {
@@ -478,22 +468,26 @@ pub fn send_gather_now<'a>(
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_mut_ptr();
     msg.msg_iovlen = k;
+    // SAFETY: the first `k` iovecs point into the slices of `parts`,
+    // borrowed for this call; the kernel only reads them and keeps no
+    // pointer after the call.
+    non_blocking(|| unsafe {
+        libc::sendmsg(fd, &raw const msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    })
+}
+
+/// Runs a non-blocking socket call until it is not interrupted: its byte
+/// count, `None` for `EWOULDBLOCK`, or the error.
+fn non_blocking(mut call: impl FnMut() -> isize) -> Option<io::Result<usize>> {
     loop {
-        // SAFETY: the first `k` iovecs point into the slices of `parts`,
-        // borrowed for this call; the kernel only reads them and keeps no
-        // pointer after the call.
-        let n =
-            unsafe { libc::sendmsg(fd, &raw const msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        match usize::try_from(n) {
-            Ok(n) => return Some(Ok(n)),
-            Err(_) => {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => {}
-                    io::ErrorKind::WouldBlock => return None,
-                    _ => return Some(Err(e)),
-                }
-            }
+        if let Ok(n) = usize::try_from(call()) {
+            return Some(Ok(n));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock => return None,
+            _ => return Some(Err(e)),
         }
     }
 }
