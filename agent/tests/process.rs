@@ -12,6 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use konn_core::io::runtime::available_engines;
+use konn_core::memcpy::Keep;
 use run_common::*;
 
 const T: Duration = Duration::from_secs(30);
@@ -96,6 +97,30 @@ impl Drop for Reaper {
     }
 }
 
+/// Where glibc's `memcpy` is slow the binary executed itself again with
+/// the tunable that fixes it and said so in its log; elsewhere it runs with
+/// the environment it was given (`konn_core::memcpy`).
+fn check_memcpy_tunable(pid: u32, log: &str) {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let tunables = environ
+        .split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(b"GLIBC_TUNABLES="))
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    match konn_core::memcpy::decide_here() {
+        Ok(value) => {
+            assert_eq!(tunables.as_deref(), Some(value.as_str()));
+            let line = format!("memcpy: {}=", konn_core::memcpy::TUNABLE);
+            assert!(log.contains(&line), "{log}");
+        }
+        Err(keep) => {
+            assert_eq!(tunables, std::env::var("GLIBC_TUNABLES").ok());
+            if matches!(keep, Keep::NotAffected | Keep::GlibcDecides) {
+                assert!(!log.contains("memcpy:"), "{log}");
+            }
+        }
+    }
+}
+
 #[test]
 fn the_binary_runs_with_upstreams_rendered_flags_and_drains_then_exits() {
     let _serial = serial();
@@ -153,6 +178,7 @@ fn run_the_binary(extra: &[&str]) {
     );
     assert_eq!(http_get(health, "/healthz"), (200, "ok".to_owned()));
     assert_eq!(http_get(admin, "/metrics").0, 301);
+    check_memcpy_tunable(child.0.as_ref().unwrap().id(), &logs());
     let scrape = http_get(health, "/metrics").1;
     assert_eq!(
         metric(

@@ -1,4 +1,6 @@
-//! The start-up sequence both binaries share, up to validated options:
+//! The start-up sequence both binaries share, up to validated options.
+//! Before it, on hosts where glibc's `memcpy` is slow, the binary executes
+//! itself again with the tunable that fixes it ([`crate::memcpy`]); then:
 //!
 //! 0. make any panic end the process after its message is printed, in
 //!    every build ([`abort_on_panic`]);
@@ -67,6 +69,7 @@ pub trait Options: Sized {
 /// The exit code when the binary must not go on (the reason has been
 /// printed or logged).
 pub fn start<O: Options>(mut cmd: Command, program: &str, role: &str) -> Result<O, ExitCode> {
+    crate::memcpy::use_vector_copies();
     abort_on_panic();
     if let Err(err) = block_shutdown_signals() {
         eprintln!("Error: cannot block SIGTERM/SIGINT: {err}");
@@ -86,6 +89,9 @@ pub fn start<O: Options>(mut cmd: Command, program: &str, role: &str) -> Result<
         );
     }
     tracing::info!("flags: {}", flags.summary());
+    if let Some(line) = crate::memcpy::outcome() {
+        tracing::info!("{line}");
+    }
 
     let opts = O::from_flags(flags).map_err(|err| {
         tracing::error!("failed to validate {role} options: {err}");

@@ -25,6 +25,7 @@ pub mod io;
 #[cfg(feature = "kube")]
 pub mod kube;
 pub mod log;
+pub mod memcpy;
 pub mod metrics;
 
 pub use error::Error;

@@ -121,6 +121,9 @@ konn-bench guards [--reps N] [--konn DIR] [--engine E] [--only S1,S4]
 ";
 
 fn main() -> Result<()> {
+    // The load generator copies as much as the proxies do; its children
+    // (konn's binaries, also under valgrind) inherit the tunable.
+    konn_core::memcpy::use_vector_copies();
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
         Some("compare") => compare_main(it),
