@@ -1,24 +1,24 @@
 //! glibc's `memcpy` on AMD Zen 3 and later: keep it off `rep movsb`.
 //!
-//! glibc before 2.40 copies 4 KiB and more with `rep movsb` on every CPU
-//! that reports FSRM. On AMD's cores that report it (Zen 3 and later)
-//! such a copy runs about 25× slower when the destination is 1–31 bytes
+//! glibc before 2.40 copies 2112 bytes and more with `rep movsb` on every
+//! CPU that reports FSRM. On AMD's cores that report it (Zen 3 and later)
+//! such a copy runs about 30× slower when the destination is 1–31 bytes
 //! ahead of the source modulo 4 KiB (glibc bug 30994, fixed in 2.40 by
 //! not using `rep movsb` there). konn's copies hit that window by
 //! construction: two buffers of one size class share their page offset,
 //! and a copy behind a 5-byte TLS record header or a 9-byte HTTP/2 frame
 //! header shifts the data by exactly such a distance. Measured on the
 //! benchmark host (docs/decisions/0008-glibc-memcpy.md): a 16 KiB copy
-//! 5.8 µs instead of 0.2, rustls' record path 1.7 instead of 0.75 CPU-s
-//! per GB, and S1's CPU per GB 12 % lower with the fix.
+//! 7.6–8.0 µs instead of 0.25 (`bench/benches/memcpy.rs`), and S1's CPU
+//! per GB 22 % lower with the fix.
 //!
 //! glibc reads its tunables once, when the process starts, so
 //! [`use_vector_copies`] — the first thing `app::start` does — sets
 //! `GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=…` and executes the
 //! binary again (same PID, arguments and descriptors) when [`decide`] says
 //! the host needs it. An operator who sets that tunable keeps their value;
-//! setting it to glibc's default on these CPUs (2112) turns this off. The outcome is
-//! logged once logging is up ([`outcome`]).
+//! setting it to glibc's default on these CPUs (2112) turns this off. The
+//! outcome is logged once logging is up ([`outcome`]).
 //!
 //! [`decide`] is pure (host facts in, new variable out) and unit-tested;
 //! only [`use_vector_copies`] reads `/proc` and executes.
@@ -180,7 +180,7 @@ pub fn use_vector_copies() {
                 .env(ENV, value)
                 .exec();
             format!(
-                "memcpy: could not execute again with {ENV} set ({err}); copies of 4 KiB and \
+                "memcpy: could not execute again with {ENV} set ({err}); copies of 2 KiB and \
                  more stay slow on this CPU (glibc bug 30994)"
             )
         }
@@ -191,7 +191,7 @@ pub fn use_vector_copies() {
         }
         Err(Keep::AlreadySet) => format!("memcpy: {TUNABLE} set by {ENV}, kept"),
         Err(Keep::SecureMode) => format!(
-            "memcpy: secure mode, {TUNABLE} cannot be set; copies of 4 KiB and more stay slow \
+            "memcpy: secure mode, {TUNABLE} cannot be set; copies of 2 KiB and more stay slow \
              on this CPU (glibc bug 30994)"
         ),
         Err(Keep::NotAffected | Keep::GlibcDecides) => return,
