@@ -94,9 +94,9 @@ pub use session::{Handler, Session};
 const READ_CHUNK: usize = 64 * 1024;
 
 /// How much TLS ciphertext to read after a read that filled its room (a
-/// bulk transfer: more is waiting). On loopback a receive of 256 KiB costs
-/// the kernel a fifth less per byte than four of 64 KiB
-/// (`bench/benches/loopback.rs`); the same as the writer's batch
+/// bulk transfer: more is waiting). On loopback a hop done in 256 KiB
+/// calls costs the kernel about a fifth less per byte than one done in
+/// 64 KiB calls (`bench/benches/loopback.rs`); the same as the writer's batch
 /// ([`DriverConfig::max_write_batch`]), so a peer's large writes are taken in
 /// one call.
 const BULK_READ_CHUNK: usize = 256 * 1024;
