@@ -80,6 +80,11 @@
 //!   ([`konn_bench::harness::guards`]), writes it to `--out` when given,
 //!   and exits with 1 when a throughput's median ratio is below
 //!   1 − `--tolerance` (percent, default 5).
+//! - `floor`: S1's and S2's topology and pinning with two blocking relay
+//!   processes (this binary, `floor-relay`) in place of the proxies, in
+//!   calls of each of `--chunks` KiB (default 64,256): the kernel's cost of
+//!   the hops alone, which bounds any proxy's CPU per GB on this host
+//!   ([`konn_bench::harness::floor`]). `--gb` per run (2), `--reps` (3).
 
 // A measuring tool: it reads the clock.
 #![allow(clippy::disallowed_methods)]
@@ -118,6 +123,7 @@ konn-bench agents [--agents N] [--threads N] [--upstream DIR] [--konn DIR]
 konn-bench soak [--minutes N] [--restart-every SECS] [--konn DIR] [--out DIR]
 konn-bench guards [--reps N] [--konn DIR] [--engine E] [--only S1,S4]
                   [--tolerance PCT] [--out FILE] [--no-pin]
+konn-bench floor [--chunks KIB,KIB…] [--gb N] [--reps N] [--no-pin] [--out FILE]
 ";
 
 fn main() -> Result<()> {
@@ -134,13 +140,18 @@ fn main() -> Result<()> {
         Some("agents") => agents_main(it),
         Some("soak") => soak_main(it),
         Some("guards") => guards_main(it),
+        Some("floor") => floor_main(it),
+        Some("floor-relay") => {
+            let args: Vec<String> = it.collect();
+            Ok(konn_bench::harness::floor::relay_main(&args)?)
+        }
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             Ok(())
         }
         Some(other) => {
             bail!(
-                "unknown subcommand {other:?} (agents, compare, guards, icount, idle, multi, reverse, soak; --help for their flags)"
+                "unknown subcommand {other:?} (agents, compare, floor, guards, icount, idle, multi, reverse, soak; --help for their flags)"
             )
         }
     }
@@ -193,6 +204,70 @@ fn konn_bins(name: &str, dir: &Path, engine: Option<&str>) -> Binaries {
     b.server_flags = flags.clone();
     b.agent_flags = flags;
     b
+}
+
+fn floor_main(mut it: impl Iterator<Item = String>) -> Result<()> {
+    use konn_bench::harness::floor::{self, Direction};
+    let (mut chunks, mut gb, mut reps, mut no_pin, mut out) =
+        (vec![64usize, 256], 2.0f64, 3, false, None);
+    while let Some(a) = it.next() {
+        let mut val = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "--chunks" => {
+                chunks = val("a list of KiB")?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
+            "--gb" => gb = val("a number")?.parse()?,
+            "--reps" => reps = val("a number")?.parse()?,
+            "--no-pin" => no_pin = true,
+            "--out" => out = Some(PathBuf::from(val("a file")?)),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    ensure!(gb > 0.0 && reps > 0, "--gb and --reps must be positive");
+    let pin = std::thread::available_parallelism().map_or(1, usize::from) >= 2 && !no_pin;
+    if pin {
+        procs::pin_current_thread(&[0]).context("pinning the source and the sink")?;
+    }
+    let exe = std::env::current_exe()?;
+    let bytes = (gb * 1e9) as u64;
+    // Repetitions outermost, so drift of the host hits every cell alike.
+    let cells: Vec<(Direction, usize)> = [Direction::Download, Direction::Upload]
+        .into_iter()
+        .flat_map(|d| chunks.iter().map(move |&kib| (d, kib * 1024)))
+        .collect();
+    ensure!(cells.iter().all(|c| c.1 > 0), "a chunk of 0 KiB");
+    let mut rows: Vec<_> = cells.iter().map(|&(d, c)| (d, c, Vec::new())).collect();
+    for _ in 0..reps {
+        for (dir, chunk, runs) in &mut rows {
+            let r = floor::run(&exe, *dir, *chunk, bytes, pin.then_some(1))
+                .with_context(|| format!("{} in calls of {} KiB", dir.scenario(), *chunk / 1024))?;
+            eprintln!(
+                "{} {} KiB: {:.0} MB/s, {:.3} CPU-s/GB",
+                dir.scenario(),
+                *chunk / 1024,
+                r.mb_per_s,
+                r.total()
+            );
+            runs.push(r);
+        }
+    }
+    let doc = format!(
+        "konn-bench floor: two blocking relays in place of the proxies ({}), {gb} GB per run, medians of {reps}\n\n{}",
+        if pin {
+            "relays on CPU 1, source and sink on CPU 0"
+        } else {
+            "unpinned"
+        },
+        floor::table(&rows)
+    );
+    print!("{doc}");
+    if let Some(out) = out {
+        std::fs::write(&out, &doc).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
 }
 
 fn guards_main(mut it: impl Iterator<Item = String>) -> Result<()> {

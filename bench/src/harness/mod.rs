@@ -3,11 +3,13 @@
 //! flags and certificates), per-process measurements from `/proc`, and the
 //! load generator's pieces ([`dests`], [`load`], [`stats`], [`report`]);
 //! [`multi`] is S10, many clusters on one server; [`guards`] the cost of
-//! issue 17's audit log and limits.
+//! issue 17's audit log and limits; [`floor`] the kernel's cost of the
+//! bulk cells' hops with no proxy work.
 
 pub mod agents;
 pub mod compare;
 pub mod dests;
+pub mod floor;
 pub mod guards;
 pub mod icount;
 pub mod load;
