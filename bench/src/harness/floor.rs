@@ -32,6 +32,12 @@ use super::{cpu_time, sys_ticks};
 /// the source (on the other CPU) is never what limits the relays.
 const SOURCE_WRITE: usize = 256 * 1024;
 
+/// How long the relays get to connect to the source and the sink.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often [`accept_within`] looks again: set-up only, not measured.
+const ACCEPT_POLL: Duration = Duration::from_millis(2);
+
 /// Which way the bytes flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
@@ -101,10 +107,18 @@ pub fn run(
             (agent, Relay::start(exe, &unix_ep, &to, chunk, relay_cpu)?)
         }
     };
+    tcp.set_nonblocking(true)?;
+    unix.set_nonblocking(true)?;
+    let mut relays = [agent, server];
+    let tcp_end = accept_within(|| tcp.accept().map(|(s, _)| s), &mut relays)?;
+    let unix_end = accept_within(|| unix.accept().map(|(s, _)| s), &mut relays)?;
+    tcp_end.set_nonblocking(false)?;
+    unix_end.set_nonblocking(false)?;
+    let [agent, server] = relays;
     let (before_a, before_s) = (agent.cpu(), server.cpu());
     let (elapsed, got) = match dir {
-        Direction::Download => transfer(tcp.accept()?.0, unix.accept()?.0, bytes)?,
-        Direction::Upload => transfer(unix.accept()?.0, tcp.accept()?.0, bytes)?,
+        Direction::Download => transfer(tcp_end, unix_end, bytes)?,
+        Direction::Upload => transfer(unix_end, tcp_end, bytes)?,
     };
     let _ = std::fs::remove_file(&path);
     if got != bytes {
@@ -125,6 +139,39 @@ pub fn run(
         agent: per_gb(before_a, after_a),
         server: per_gb(before_s, after_s),
     })
+}
+
+/// Accepts the connection of a relay, failing when a relay exits first
+/// or none comes within [`CONNECT_TIMEOUT`] (the listener is
+/// non-blocking).
+// A measuring tool: it reads the clock for its deadline.
+#[allow(clippy::disallowed_methods)]
+fn accept_within<S>(
+    mut accept: impl FnMut() -> std::io::Result<S>,
+    relays: &mut [Relay],
+) -> std::io::Result<S> {
+    let deadline = std::time::Instant::now() + CONNECT_TIMEOUT;
+    loop {
+        match accept() {
+            Ok(s) => return Ok(s),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        for r in relays.iter_mut() {
+            if let Some(status) = r.child.try_wait()? {
+                return Err(std::io::Error::other(format!(
+                    "a relay exited ({status}) before connecting"
+                )));
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no relay connected within 10 s",
+            ));
+        }
+        std::thread::sleep(ACCEPT_POLL);
+    }
 }
 
 /// Writes `bytes` into `src` from one thread and reads `dst` to its end on
@@ -290,7 +337,10 @@ pub fn relay_main(args: &[String]) -> std::io::Result<()> {
     }
     // `IN` first: when it listens, the peer connects only after reading
     // where, and `OUT` is never the listening end.
-    let (inbound, outbound) = (End::open(from)?, End::open(to)?);
+    let open = |spec: &str| {
+        End::open(spec).map_err(|e| std::io::Error::new(e.kind(), format!("{spec}: {e}")))
+    };
+    let (inbound, outbound) = (open(from)?, open(to)?);
     let mut buf = vec![0u8; chunk];
     match (inbound, outbound) {
         (End::Tcp(mut i), End::Tcp(mut o)) => copy(&mut i, &mut o, &mut buf)?,
