@@ -322,9 +322,10 @@ impl End {
 }
 
 /// `konn-bench floor-relay IN OUT CHUNK [CPU]`: the relay process. `IN`
-/// is `tcp:ADDR`, `unix:PATH` or `listen` (a loopback TCP listener whose address is printed as `listening ADDR`, one connection
-/// accepted); `OUT` one of the first two. Copies IN to OUT in calls of `CHUNK` bytes until IN ends,
-/// prints `done` and exits when its stdin closes.
+/// is `tcp:ADDR`, `unix:PATH` or `listen` (a loopback TCP listener whose
+/// address is printed as `listening ADDR`, one connection accepted);
+/// `OUT` one of the first two. Copies IN to OUT in calls of `CHUNK` bytes
+/// until IN ends, prints `done` and exits when its stdin closes.
 pub fn relay_main(args: &[String]) -> std::io::Result<()> {
     let [from, to, chunk, rest @ ..] = args else {
         return Err(std::io::Error::other(
