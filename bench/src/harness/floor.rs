@@ -332,9 +332,13 @@ pub fn relay_main(args: &[String]) -> std::io::Result<()> {
             "usage: floor-relay IN OUT CHUNK [CPU]",
         ));
     };
-    let chunk: usize = chunk.parse().map_err(std::io::Error::other)?;
+    let number = |what: &str, v: &str| {
+        v.parse::<usize>()
+            .map_err(|e| std::io::Error::other(format!("{what} {v:?}: {e}")))
+    };
+    let chunk = number("CHUNK", chunk)?;
     if let Some(cpu) = rest.first() {
-        procs::pin_current_thread(&[cpu.parse().map_err(std::io::Error::other)?])?;
+        procs::pin_current_thread(&[number("CPU", cpu)?])?;
     }
     // `IN` first: when it listens, the peer connects only after reading
     // where, and `OUT` is never the listening end.
@@ -413,4 +417,42 @@ pub fn table(rows: &[(Direction, usize, Vec<Row>)]) -> String {
         );
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(mb_per_s: f64, agent: f64, server: f64) -> Row {
+        Row {
+            mb_per_s,
+            agent: (agent, agent / 2.0),
+            server: (server, server / 2.0),
+        }
+    }
+
+    #[test]
+    fn the_table_shows_medians_and_the_ceiling_of_their_total() {
+        let runs = vec![
+            row(500.0, 0.5, 0.5),
+            row(900.0, 0.2, 0.3),
+            row(700.0, 0.4, 0.6),
+        ];
+        let t = table(&[(Direction::Download, 64 * 1024, runs)]);
+        let line = t.lines().nth(2).expect("a row after the header");
+        // Medians per column (MB/s 700, agent 0.4, server 0.5), the
+        // median of the totals (1.0: 1.0, 0.5, 1.0) and 1000 / that.
+        assert_eq!(
+            line,
+            "| S1 download | 64 KiB | 700 | 0.400 (0.200) | 0.500 (0.250) | 1.000 | 1000 |"
+        );
+    }
+
+    #[test]
+    fn a_relay_refuses_bad_arguments_before_doing_anything() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(relay_main(&args(&["listen", "tcp:127.0.0.1:1"])).is_err());
+        let e = relay_main(&args(&["listen", "tcp:127.0.0.1:1", "lots"])).unwrap_err();
+        assert!(e.to_string().starts_with("CHUNK \"lots\""), "{e}");
+    }
 }
