@@ -83,7 +83,7 @@
 //! - `floor`: S1's and S2's topology and pinning with two blocking relay
 //!   processes (this binary, `floor-relay`) in place of the proxies, in
 //!   calls of each of `--chunks` KiB (default 64,256): the kernel's cost of
-//!   the hops alone, which bounds any proxy's CPU per GB on this host
+//!   the hops alone, against which a proxy's kernel share can be read
 //!   ([`konn_bench::harness::floor`]). `--gb` per run (2), `--reps` (3).
 
 // A measuring tool: it reads the clock.
@@ -234,12 +234,11 @@ fn floor_main(mut it: impl Iterator<Item = String>) -> Result<()> {
     let exe = std::env::current_exe()?;
     let bytes = (gb * 1e9) as u64;
     // Repetitions outermost, so drift of the host hits every cell alike.
-    let cells: Vec<(Direction, usize)> = [Direction::Download, Direction::Upload]
+    let mut rows: Vec<(Direction, usize, Vec<_>)> = [Direction::Download, Direction::Upload]
         .into_iter()
-        .flat_map(|d| chunks.iter().map(move |&kib| (d, kib * 1024)))
+        .flat_map(|d| chunks.iter().map(move |&kib| (d, kib * 1024, Vec::new())))
         .collect();
-    ensure!(cells.iter().all(|c| c.1 > 0), "a chunk of 0 KiB");
-    let mut rows: Vec<_> = cells.iter().map(|&(d, c)| (d, c, Vec::new())).collect();
+    ensure!(rows.iter().all(|r| r.1 > 0), "a chunk of 0 KiB");
     for _ in 0..reps {
         for (dir, chunk, runs) in &mut rows {
             let r = floor::run(&exe, *dir, *chunk, bytes, pin.then_some(1))

@@ -2,7 +2,7 @@
 //! host when the proxies do no work at all.
 //!
 //! The same topology and pinning as `compare`'s bulk cells, with the two
-//! proxies replaced by the cheapest relay there is: a process that reads
+//! proxies replaced by the simplest relay there is: a process that reads
 //! its inbound socket into one buffer and writes it to its outbound socket
 //! with blocking calls, nothing else (no TLS, no framing, no event loop).
 //! Download (S1): a source on CPU 0 → TCP → the "agent" relay → TCP → the
@@ -10,8 +10,10 @@
 //! way round. Both relays run on CPU 1, as `compare` pins the proxies, so
 //! their CPU time per GB is the kernel's share of a proxy pair on this
 //! host: socket copies, the loopback TCP stack, wake-ups and switches.
-//! Any proxy's CPU per GB is this plus its own user-space work, so the
-//! figure bounds what `compare`'s ratios can reach here.
+//! A proxy's kernel share can be read against it, and it plus the
+//! cipher's cost estimates the best a TLS proxy could do here. Not a
+//! strict bound: an event loop that batches its calls can come in under
+//! two blocking copy loops (konn's upload does, docs/BENCHMARKS.md).
 //!
 //! Threads would share an address space and switch more cheaply than the
 //! two proxy processes do, so each relay is a process of its own: this
