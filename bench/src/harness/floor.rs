@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use konn_testkit::procs;
 
+use super::stats::median;
 use super::{cpu_time, sys_ticks};
 
 /// The source's write size: a whole socket buffer's worth per call, so
@@ -398,11 +399,7 @@ pub fn table(rows: &[(Direction, usize, Vec<Row>)]) -> String {
         "| cell | calls of | MB/s | agent CPU-s/GB (kernel) | server CPU-s/GB (kernel) | both CPU-s/GB | ceiling MB/s at one core |\n|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for (dir, chunk, runs) in rows {
-        let med = |f: &dyn Fn(&Row) -> f64| {
-            let mut v: Vec<f64> = runs.iter().map(f).collect();
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-        };
+        let med = |f: &dyn Fn(&Row) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
         let total = med(&Row::total);
         let _ = writeln!(
             t,
