@@ -94,11 +94,14 @@ pub use session::{Handler, Session};
 const READ_CHUNK: usize = 64 * 1024;
 
 /// How much TLS ciphertext to read after a read that filled its room (a
-/// bulk transfer: more is waiting). On loopback a hop done in 256 KiB
-/// calls costs the kernel about a fifth less per byte than one done in
-/// 64 KiB calls (`bench/benches/loopback.rs`); the same as the writer's batch
-/// ([`DriverConfig::max_write_batch`]), so a peer's large writes are taken in
-/// one call.
+/// bulk transfer: more is waiting); the same as the writer's batch
+/// ([`DriverConfig::max_write_batch`]), so a peer's large writes are taken
+/// in one call. On one thread a loopback hop in 256 KiB calls costs the
+/// kernel about a fifth less per byte than in 64 KiB calls
+/// (`bench/benches/loopback.rs`); across processes the plain relays of
+/// `konn-bench floor` found the opposite, but konn itself with both at
+/// 128 KiB spent 21 % more kernel time per GB on S1 (docs/BENCHMARKS.md,
+/// "The kernel's floor of the bulk cells").
 const BULK_READ_CHUNK: usize = 256 * 1024;
 
 /// Reads one connection may do before it lets the worker's other tasks
