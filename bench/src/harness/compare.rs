@@ -116,6 +116,7 @@ const DIAL_HEAD: &[&str] = &[
     "dial p99 µs",
     "server CPU µs/dial",
     "agent CPU µs/dial",
+    "kernel CPU µs/dial",
     "failed dials",
 ];
 

@@ -509,6 +509,7 @@ pub async fn dial_churn(t: &Target<'_>, workers: usize, w: Window) -> Result<Sam
     s.insert("dial p99 µs".into(), lat.quantile_us(0.99));
     add_cpu(&mut s, c0, c1, ok as f64, 1e6, "CPU µs/dial");
     rename_cpu(&mut s, "CPU µs/dial");
+    add_kernel_cpu(&mut s, c0, c1, ok as f64 / 1e6, "CPU µs/dial");
     Ok(s)
 }
 
