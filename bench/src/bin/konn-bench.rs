@@ -17,7 +17,8 @@
 //!   against upstream, writes nothing unless `--out` is given, and exits
 //!   with 1 when konn's S1 throughput is below `--min-s1` (1.0) ×
 //!   upstream's, its S3 p99 above `--max-s3` (2.0) × upstream's, or its S4
-//!   dial rate below `--min-s4` (1.0) × upstream's.
+//!   dial rate below `--min-s4` (1.0) × upstream's in two runs in a row
+//!   (the second runs only when the first failed a check).
 //! - `icount`: instruction counts of the packet path under callgrind
 //!   (download, upload, dial churn; `konn_bench::harness::icount`).
 //!   `--check FILE` exits with 1 when a figure grew beyond the baseline's
@@ -494,7 +495,20 @@ fn compare_main(mut it: impl Iterator<Item = String>) -> Result<()> {
         if quick { " --quick" } else { "" },
         cfg.reps
     );
-    let cells = block_on(Engine::Epoll, compare::run(&cfg, &work.0, &certs))??;
+    let mut cells = block_on(Engine::Epoll, compare::run(&cfg, &work.0, &certs))??;
+    if quick {
+        // A noisy moment of a shared host can push one run's medians past
+        // a margin (S3's p99 once reached 1.91 of 2.0 in CI while the run
+        // before and after gave ~0.5); a regression fails both runs.
+        let (lines, ok) = compare::quick_verdict(&cells, "konn", margins);
+        if !ok {
+            for l in &lines {
+                println!("{l}");
+            }
+            eprintln!("konn-bench compare --quick: a check failed; running the check once more");
+            cells = block_on(Engine::Epoll, compare::run(&cfg, &work.0, &certs))??;
+        }
+    }
     let took = started.elapsed();
     eprintln!("done in {took:.0?}");
     let meta = serde_json::json!({
