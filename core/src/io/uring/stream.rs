@@ -4,13 +4,13 @@
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use io_uring::{opcode, types};
+use io_uring::opcode;
 
 use super::bufs::GroupKind;
 use super::ring::{Chunks, Hold, Inner, MsgBuf, OwnedBuf, Ring, current, poll_until};
@@ -24,13 +24,6 @@ pub const RECV_QUEUE_LIMIT: usize = 256 * 1024;
 
 /// How long [`RingStream::into_io`] waits for a cancelled receive to end.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Which monoio stream a socket came from (to give it back).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Tcp,
-    Unix,
-}
 
 struct RecvState {
     /// The armed multishot receive.
@@ -47,11 +40,17 @@ struct RecvState {
 /// (which keep the descriptor open until they complete).
 pub(super) struct SockCore {
     ring: Rc<Inner>,
+    /// The descriptor of `held`; its address is also what a `FILES_UPDATE`
+    /// reads (the core lives in an `Rc`, so it does not move).
     fd: RawFd,
-    kind: Kind,
+    /// The slot of the ring's registered-file table that names the socket
+    /// in its operations, if it has one (else they name `fd`).
+    fixed: Option<u32>,
     group: GroupKind,
-    /// The descriptor is closed on drop (not handed back).
-    owned: Cell<bool>,
+    /// The monoio stream the socket came from, kept (and its descriptor
+    /// open) while the socket is on the ring; dropping it closes the
+    /// descriptor through monoio. Taken by [`RingStream::into_io`].
+    held: Cell<Option<Box<dyn Any>>>,
     /// The `sendmsg` header of gathered sends, kept for reuse.
     msg: Cell<Option<Box<MsgBuf>>>,
     recv: RefCell<RecvState>,
@@ -60,6 +59,15 @@ pub(super) struct SockCore {
 impl SockCore {
     pub(super) fn fd(&self) -> RawFd {
         self.fd
+    }
+
+    /// The descriptor's memory, which a queued `FILES_UPDATE` reads.
+    pub(super) fn fd_ref(&self) -> &RawFd {
+        &self.fd
+    }
+
+    pub(super) fn fixed(&self) -> Option<u32> {
+        self.fixed
     }
 
     pub(super) fn group(&self) -> GroupKind {
@@ -111,9 +119,11 @@ impl SockCore {
 impl Drop for SockCore {
     fn drop(&mut self) {
         self.ring.socket_closed();
-        if self.owned.get() {
-            self.ring.close_fd(self.fd);
+        if let Some(slot) = self.fixed.take() {
+            self.ring.release_fixed(slot);
         }
+        // monoio closes the descriptor (batched in its own ring).
+        drop(self.held.take());
     }
 }
 
@@ -147,70 +157,60 @@ pub struct RingWrite {
 /// if it has one, receiving into the buffer group `group`; anything else
 /// (or no ring) comes back unchanged.
 ///
-/// The descriptor is duplicated and monoio's copy dropped: monoio may still
-/// hold it in an operation that ended early, so taking it over directly
-/// could race with that operation's completion.
+/// The ring keeps the monoio stream, and with it the descriptor, for as
+/// long as the socket is on the ring, and names the descriptor in its
+/// operations (or, with registered files, a slot of the ring's table that
+/// a `FILES_UPDATE` queued here fills before any of them: entries are
+/// issued in order). Taking the descriptor out of monoio's stream instead
+/// could race with a monoio operation that ended early and still names
+/// it; a `dup` of it cost a system call per socket (0007, step 6).
 ///
 /// # Errors
 ///
-/// The stream, unchanged, when there is no ring or `dup` fails.
+/// The stream, unchanged, when there is no ring.
 pub fn adopt<IO: 'static>(io: IO, group: GroupKind) -> Result<RingStream, IO> {
     let Some(ring) = current().filter(|r| r.0.is_open()) else {
         return Err(io);
     };
-    let Some((raw, kind)) = raw_fd_of(&io) else {
+    let Some(fd) = raw_fd_of(&io) else {
         return Err(io);
     };
-    let Ok(fd) = dup(raw) else {
-        return Err(io);
-    };
-    drop(io);
-    Ok(RingStream::new(&ring, fd, kind, group))
+    Ok(RingStream::new(&ring, Box::new(io), fd, group))
 }
 
 /// The descriptor of a monoio TCP or Unix stream.
-fn raw_fd_of<IO: 'static>(io: &IO) -> Option<(RawFd, Kind)> {
+fn raw_fd_of<IO: 'static>(io: &IO) -> Option<RawFd> {
     let any: &dyn Any = io;
     if let Some(s) = any.downcast_ref::<monoio::net::TcpStream>() {
-        Some((s.as_raw_fd(), Kind::Tcp))
+        Some(s.as_raw_fd())
     } else {
         any.downcast_ref::<monoio::net::UnixStream>()
-            .map(|s| (s.as_raw_fd(), Kind::Unix))
+            .map(AsRawFd::as_raw_fd)
     }
-}
-
-fn dup(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: F_DUPFD_CLOEXEC on a descriptor the caller keeps open for the
-    // duration of the call; the result is checked.
-    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if new < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `new` is a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
 impl RingStream {
-    fn new(ring: &Ring, fd: OwnedFd, kind: Kind, group: GroupKind) -> Self {
+    fn new(ring: &Ring, held: Box<dyn Any>, fd: RawFd, group: GroupKind) -> Self {
         ring.0.socket_opened();
-        let fd = std::os::fd::IntoRawFd::into_raw_fd(fd);
-        Self {
-            sock: Rc::new(SockCore {
-                ring: ring.0.clone(),
-                fd,
-                kind,
-                group,
-                owned: Cell::new(true),
-                msg: Cell::new(None),
-                recv: RefCell::new(RecvState {
-                    armed: None,
-                    cancelling: false,
-                    chunks: Chunks::default(),
-                    end: None,
-                    waker: None,
-                }),
+        let sock = Rc::new(SockCore {
+            ring: ring.0.clone(),
+            fd,
+            fixed: ring.0.take_fixed(),
+            group,
+            held: Cell::new(Some(held)),
+            msg: Cell::new(None),
+            recv: RefCell::new(RecvState {
+                armed: None,
+                cancelling: false,
+                chunks: Chunks::default(),
+                end: None,
+                waker: None,
             }),
+        });
+        if let Some(slot) = sock.fixed {
+            ring.0.register_fixed(&sock, slot);
         }
+        Self { sock }
     }
 
     /// The two halves (they share the socket; it closes when both and
@@ -279,26 +279,19 @@ impl RingStream {
         }
         let sock = Rc::try_unwrap(self.sock)
             .map_err(|_| Error::Usage("ring socket: an operation is still in flight"))?;
-        sock.owned.set(false);
-        // SAFETY: `owned` is now false, so dropping `sock` will not close
-        // the descriptor: it is handed over to the stream built here.
-        let fd = unsafe { OwnedFd::from_raw_fd(sock.fd) };
-        let kind = sock.kind;
-        drop(sock);
-        let stream: Box<dyn Any> = match kind {
-            Kind::Tcp => Box::new(
-                monoio::net::TcpStream::from_std(std::net::TcpStream::from(fd))
-                    .map_err(Error::Io)?,
-            ),
-            Kind::Unix => Box::new(
-                monoio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))
-                    .map_err(Error::Io)?,
-            ),
-        };
-        stream
-            .downcast::<IO>()
-            .map(|io| (*io, rest))
-            .map_err(|_| Error::Usage("ring socket: not the stream type it came from"))
+        let held = sock.held.take().ok_or(Error::Usage(
+            "ring socket: its stream was handed back already",
+        ))?;
+        match held.downcast::<IO>() {
+            // Dropping `sock` frees its table slot; the stream stays open.
+            Ok(io) => Ok((*io, rest)),
+            Err(held) => {
+                sock.held.set(Some(held));
+                Err(Error::Usage(
+                    "ring socket: not the stream type it came from",
+                ))
+            }
+        }
     }
 }
 
@@ -485,13 +478,10 @@ impl RingWrite {
     async fn send_at(&mut self, buf: OwnedBuf, off: usize) -> (io::Result<usize>, OwnedBuf) {
         let slice = buf.as_slice();
         let rest = slice.get(off..).unwrap_or_default();
-        let sqe = opcode::Send::new(
-            types::Fd(self.sock.fd),
-            rest.as_ptr(),
-            u32::try_from(rest.len()).unwrap_or(u32::MAX),
-        )
-        .flags(libc::MSG_NOSIGNAL)
-        .build();
+        let len = u32::try_from(rest.len()).unwrap_or(u32::MAX);
+        let sqe = on_target!(self.sock, t => opcode::Send::new(t, rest.as_ptr(), len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build());
         let hold = Hold {
             buf: Some(buf),
             msg: None,
@@ -517,9 +507,9 @@ impl RingWrite {
     pub async fn write_gather(&mut self, bufs: impl Iterator<Item = Bytes>) -> io::Result<usize> {
         let mut msg = self.sock.msg.take().unwrap_or_else(MsgBuf::new);
         let hdr = msg.load(bufs);
-        let sqe = opcode::SendMsg::new(types::Fd(self.sock.fd), hdr)
+        let sqe = on_target!(self.sock, t => opcode::SendMsg::new(t, hdr)
             .flags(libc::MSG_NOSIGNAL as u32)
-            .build();
+            .build());
         let hold = Hold {
             buf: None,
             msg: Some(msg),
@@ -543,7 +533,7 @@ impl RingWrite {
     ///
     /// The socket's error.
     pub async fn shutdown(&mut self) -> io::Result<()> {
-        let sqe = opcode::Shutdown::new(types::Fd(self.sock.fd), libc::SHUT_WR).build();
+        let sqe = on_target!(self.sock, t => opcode::Shutdown::new(t, libc::SHUT_WR).build());
         let hold = Hold {
             buf: None,
             msg: None,
