@@ -53,24 +53,6 @@
 //! All of konn's `unsafe` for io_uring lives in this module.
 #![allow(unsafe_code)]
 
-/// Builds an entry that names socket `$sock` (a [`stream::SockCore`]) by
-/// its registered-file slot when it has one, else by its descriptor:
-/// `on_target!(sock, t => opcode::Send::new(t, …).build())`.
-macro_rules! on_target {
-    ($sock:expr, $t:ident => $build:expr) => {
-        match $sock.fixed() {
-            Some(slot) => {
-                let $t = io_uring::types::Fixed(slot);
-                $build
-            }
-            None => {
-                let $t = io_uring::types::Fd($sock.fd());
-                $build
-            }
-        }
-    };
-}
-
 mod bufs;
 mod ring;
 mod stream;

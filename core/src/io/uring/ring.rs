@@ -25,17 +25,11 @@ use crate::io::runtime::{Either, race};
 
 /// `user_data` of cancellations (their completions are ignored).
 const CANCEL_UD: u64 = u64::MAX;
-/// `user_data` of closes (their completions are ignored).
-const CLOSE_UD: u64 = u64::MAX - 1;
 /// `IORING_ENTER_GETEVENTS`.
 const ENTER_GETEVENTS: u32 = 1;
 
 /// Submission-queue entries of each worker's data ring.
 pub const DATA_RING_ENTRIES: u32 = 256;
-
-/// Slots of each data ring's registered-file table (sparse: the kernel
-/// keeps a pointer per slot). Sockets beyond it are named by descriptor.
-const FIXED_FILES: u32 = 4096;
 
 /// Frame-sized buffers a packet group keeps provided (256 KiB).
 const PACKET_TARGET: usize = 16;
@@ -69,11 +63,6 @@ pub struct RingStats {
     pub in_flight: usize,
     /// Sockets on this ring that are still open.
     pub sockets: usize,
-    /// Sockets named by a slot of the registered-file table.
-    pub fixed: usize,
-    /// Slots of that table (0: the ring has none; sockets are named by
-    /// descriptor).
-    pub fixed_table: usize,
     /// Buffers currently provided to the kernel (both groups).
     pub provided: usize,
     /// The same in the pool's budget units (a large buffer is
@@ -294,12 +283,6 @@ pub(super) struct Inner {
     /// Completions copied out of the ring before they are handled.
     cqes: RefCell<Vec<(u64, i32, u32)>>,
     sockets: Cell<usize>,
-    /// The registered-file table: its size (0 without one), the slots
-    /// never used yet start at `fixed_next`, freed ones wait in
-    /// `fixed_free`.
-    fixed_len: u32,
-    fixed_next: Cell<u32>,
-    fixed_free: RefCell<Vec<u32>>,
     enters: Cell<u64>,
     submitted: Cell<u64>,
     completions: Cell<u64>,
@@ -480,13 +463,6 @@ impl Ring {
         // SAFETY: `efd` is a fresh descriptor owned by nobody else.
         let efd = unsafe { OwnedFd::from_raw_fd(efd) };
         uring.submitter().register_eventfd(efd.as_raw_fd())?;
-        let fixed_len = if fixed_files_wanted()
-            && uring.submitter().register_files_sparse(FIXED_FILES).is_ok()
-        {
-            FIXED_FILES
-        } else {
-            0
-        };
         let ring_fd = uring.as_raw_fd();
         let cq_flags = features
             .cq_flags_offset
@@ -504,9 +480,6 @@ impl Ring {
             closing: Cell::new(false),
             cqes: RefCell::new(Vec::with_capacity(DATA_RING_ENTRIES as usize)),
             sockets: Cell::new(0),
-            fixed_len,
-            fixed_next: Cell::new(0),
-            fixed_free: RefCell::new(Vec::new()),
             enters: Cell::new(0),
             submitted: Cell::new(0),
             completions: Cell::new(0),
@@ -526,9 +499,6 @@ impl Ring {
         RingStats {
             in_flight: self.0.ops.borrow().live,
             sockets: self.0.sockets.get(),
-            fixed: (self.0.fixed_next.get() as usize)
-                .saturating_sub(self.0.fixed_free.borrow().len()),
-            fixed_table: self.0.fixed_len as usize,
             provided: groups.iter().flatten().map(Group::provided).sum(),
             provided_units: groups.iter().flatten().map(Group::provided_units).sum(),
             enters: self.0.enters.get(),
@@ -539,8 +509,8 @@ impl Ring {
 
     /// Cancels every operation, waits (at most [`CLOSE_TIMEOUT`]) for the
     /// kernel to finish them, gives the provided buffers back and closes
-    /// the ring. Sockets still open afterwards close their descriptors
-    /// with `close(2)`.
+    /// the ring. Sockets still open afterwards keep their descriptors
+    /// (monoio's streams) until they go.
     pub async fn close(self) {
         CURRENT.with(|c| {
             let mut c = c.borrow_mut();
@@ -560,8 +530,8 @@ impl Ring {
             inner.kick();
             monoio::time::sleep(Duration::from_millis(1)).await;
         }
-        // Submit what is still queued (closes of the last sockets) before
-        // the ring goes.
+        // Submit what is still queued (cancellations of operations dropped
+        // meanwhile) before the ring goes.
         inner.turn();
         inner.kick(); // the reaper sees `closing` with nothing left and ends
         let clean = inner.ops.borrow().live == 0;
@@ -609,14 +579,6 @@ fn data_setup() -> RingSetup {
             RingSetup::Plain => RingSetup::Plain,
         }
     })
-}
-
-/// Whether data sockets are named by slots of a registered-file table
-/// (`IORING_REGISTER_FILES`): `KONN_IO_URING_FIXED_FILES=0` names them by
-/// descriptor (for measurements; docs/decisions/0007, step 6).
-fn fixed_files_wanted() -> bool {
-    static WANTED: OnceLock<bool> = OnceLock::new();
-    *WANTED.get_or_init(|| std::env::var("KONN_IO_URING_FIXED_FILES").as_deref() != Ok("0"))
 }
 
 fn log_once_unsupported(err: &io::Error) {
@@ -752,7 +714,7 @@ impl Inner {
         let n = cqes.len();
         self.completions.set(self.completions.get() + n as u64);
         for &(ud, res, flags) in &cqes {
-            if ud >= CLOSE_UD {
+            if ud == CANCEL_UD {
                 continue;
             }
             let reaped = {
@@ -858,8 +820,8 @@ impl Inner {
     /// operation's index.
     pub(super) fn arm_recv(&self, sock: &Rc<SockCore>) -> Option<u32> {
         let idx = self.ops.borrow_mut().insert(Slot::Multi(sock.clone()));
-        let bgid = sock.group().bgid();
-        let sqe = on_target!(sock, t => opcode::RecvMulti::new(t, bgid).build())
+        let sqe = opcode::RecvMulti::new(types::Fd(sock.fd()), sock.group().bgid())
+            .build()
             .user_data(u64::from(idx));
         if self.push(sqe) {
             Some(idx)
@@ -876,57 +838,6 @@ impl Inner {
                 .build()
                 .user_data(CANCEL_UD),
         );
-    }
-
-    /// A free slot of the registered-file table, if the ring has one.
-    pub(super) fn take_fixed(&self) -> Option<u32> {
-        if !self.is_open() {
-            return None;
-        }
-        if let Some(slot) = self.fixed_free.borrow_mut().pop() {
-            return Some(slot);
-        }
-        let next = self.fixed_next.get();
-        (next < self.fixed_len).then(|| {
-            self.fixed_next.set(next + 1);
-            next
-        })
-    }
-
-    /// Queues the `FILES_UPDATE` that puts `sock`'s descriptor into table
-    /// slot `slot`; it is issued before any operation queued after it
-    /// (the kernel issues entries in order, and this one never waits), and
-    /// the socket is held until it completes, so its descriptor is open
-    /// when the kernel reads it. Should it fail, the socket's operations
-    /// fail with `EBADF`.
-    pub(super) fn register_fixed(&self, sock: &Rc<SockCore>, slot: u32) {
-        let hold = Hold {
-            _sock: Some(sock.clone()),
-            ..Hold::default()
-        };
-        let idx = self.ops.borrow_mut().insert(Slot::Orphan(hold));
-        let sqe = opcode::FilesUpdate::new(std::ptr::from_ref(sock.fd_ref()), 1)
-            .offset(i32::try_from(slot).unwrap_or(i32::MAX))
-            .build()
-            .user_data(u64::from(idx));
-        if !self.push(sqe) {
-            drop(self.ops.borrow_mut().remove(idx));
-        }
-    }
-
-    /// Empties table slot `slot` (the table's reference to the socket; its
-    /// descriptor is monoio's to close) with the next submission, and
-    /// frees the slot for the next socket: an update of it queued later is
-    /// issued after.
-    pub(super) fn release_fixed(&self, slot: u32) {
-        if self.uring.borrow().is_some() {
-            self.push(
-                opcode::Close::new(types::Fixed(slot))
-                    .build()
-                    .user_data(CLOSE_UD),
-            );
-        }
-        self.fixed_free.borrow_mut().push(slot);
     }
 
     /// Submits a one-shot operation holding `hold` until it completes.

@@ -10,7 +10,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use io_uring::opcode;
+use io_uring::{opcode, types};
 
 use super::bufs::GroupKind;
 use super::ring::{Chunks, Hold, Inner, MsgBuf, OwnedBuf, Ring, current, poll_until};
@@ -40,12 +40,8 @@ struct RecvState {
 /// (which keep the descriptor open until they complete).
 pub(super) struct SockCore {
     ring: Rc<Inner>,
-    /// The descriptor of `held`; its address is also what a `FILES_UPDATE`
-    /// reads (the core lives in an `Rc`, so it does not move).
+    /// The descriptor of `held`, which the ring's operations name.
     fd: RawFd,
-    /// The slot of the ring's registered-file table that names the socket
-    /// in its operations, if it has one (else they name `fd`).
-    fixed: Option<u32>,
     group: GroupKind,
     /// The monoio stream the socket came from, kept (and its descriptor
     /// open) while the socket is on the ring; dropping it closes the
@@ -59,15 +55,6 @@ pub(super) struct SockCore {
 impl SockCore {
     pub(super) fn fd(&self) -> RawFd {
         self.fd
-    }
-
-    /// The descriptor's memory, which a queued `FILES_UPDATE` reads.
-    pub(super) fn fd_ref(&self) -> &RawFd {
-        &self.fd
-    }
-
-    pub(super) fn fixed(&self) -> Option<u32> {
-        self.fixed
     }
 
     pub(super) fn group(&self) -> GroupKind {
@@ -119,9 +106,6 @@ impl SockCore {
 impl Drop for SockCore {
     fn drop(&mut self) {
         self.ring.socket_closed();
-        if let Some(slot) = self.fixed.take() {
-            self.ring.release_fixed(slot);
-        }
         // monoio closes the descriptor (batched in its own ring).
         drop(self.held.take());
     }
@@ -158,12 +142,12 @@ pub struct RingWrite {
 /// (or no ring) comes back unchanged.
 ///
 /// The ring keeps the monoio stream, and with it the descriptor, for as
-/// long as the socket is on the ring, and names the descriptor in its
-/// operations (or, with registered files, a slot of the ring's table that
-/// a `FILES_UPDATE` queued here fills before any of them: entries are
-/// issued in order). Taking the descriptor out of monoio's stream instead
-/// could race with a monoio operation that ended early and still names
-/// it; a `dup` of it cost a system call per socket (0007, step 6).
+/// long as the socket is on the ring (its operations hold the socket, so
+/// the descriptor is open until the last of them completes), and monoio
+/// closes it when the socket goes. Taking the descriptor out of monoio's
+/// stream instead could race with a monoio operation that ended early and
+/// still names it; a `dup` of it cost a system call per socket (0007,
+/// step 6).
 ///
 /// # Errors
 ///
@@ -192,25 +176,22 @@ fn raw_fd_of<IO: 'static>(io: &IO) -> Option<RawFd> {
 impl RingStream {
     fn new(ring: &Ring, held: Box<dyn Any>, fd: RawFd, group: GroupKind) -> Self {
         ring.0.socket_opened();
-        let sock = Rc::new(SockCore {
-            ring: ring.0.clone(),
-            fd,
-            fixed: ring.0.take_fixed(),
-            group,
-            held: Cell::new(Some(held)),
-            msg: Cell::new(None),
-            recv: RefCell::new(RecvState {
-                armed: None,
-                cancelling: false,
-                chunks: Chunks::default(),
-                end: None,
-                waker: None,
+        Self {
+            sock: Rc::new(SockCore {
+                ring: ring.0.clone(),
+                fd,
+                group,
+                held: Cell::new(Some(held)),
+                msg: Cell::new(None),
+                recv: RefCell::new(RecvState {
+                    armed: None,
+                    cancelling: false,
+                    chunks: Chunks::default(),
+                    end: None,
+                    waker: None,
+                }),
             }),
-        });
-        if let Some(slot) = sock.fixed {
-            ring.0.register_fixed(&sock, slot);
         }
-        Self { sock }
     }
 
     /// The two halves (they share the socket; it closes when both and
@@ -283,7 +264,6 @@ impl RingStream {
             "ring socket: its stream was handed back already",
         ))?;
         match held.downcast::<IO>() {
-            // Dropping `sock` frees its table slot; the stream stays open.
             Ok(io) => Ok((*io, rest)),
             Err(held) => {
                 sock.held.set(Some(held));
@@ -478,10 +458,13 @@ impl RingWrite {
     async fn send_at(&mut self, buf: OwnedBuf, off: usize) -> (io::Result<usize>, OwnedBuf) {
         let slice = buf.as_slice();
         let rest = slice.get(off..).unwrap_or_default();
-        let len = u32::try_from(rest.len()).unwrap_or(u32::MAX);
-        let sqe = on_target!(self.sock, t => opcode::Send::new(t, rest.as_ptr(), len)
-            .flags(libc::MSG_NOSIGNAL)
-            .build());
+        let sqe = opcode::Send::new(
+            types::Fd(self.sock.fd),
+            rest.as_ptr(),
+            u32::try_from(rest.len()).unwrap_or(u32::MAX),
+        )
+        .flags(libc::MSG_NOSIGNAL)
+        .build();
         let hold = Hold {
             buf: Some(buf),
             msg: None,
@@ -507,9 +490,9 @@ impl RingWrite {
     pub async fn write_gather(&mut self, bufs: impl Iterator<Item = Bytes>) -> io::Result<usize> {
         let mut msg = self.sock.msg.take().unwrap_or_else(MsgBuf::new);
         let hdr = msg.load(bufs);
-        let sqe = on_target!(self.sock, t => opcode::SendMsg::new(t, hdr)
+        let sqe = opcode::SendMsg::new(types::Fd(self.sock.fd), hdr)
             .flags(libc::MSG_NOSIGNAL as u32)
-            .build());
+            .build();
         let hold = Hold {
             buf: None,
             msg: Some(msg),
@@ -533,7 +516,7 @@ impl RingWrite {
     ///
     /// The socket's error.
     pub async fn shutdown(&mut self) -> io::Result<()> {
-        let sqe = on_target!(self.sock, t => opcode::Shutdown::new(t, libc::SHUT_WR).build());
+        let sqe = opcode::Shutdown::new(types::Fd(self.sock.fd), libc::SHUT_WR).build();
         let hold = Hold {
             buf: None,
             msg: None,
