@@ -321,6 +321,7 @@ fn a_socket_goes_back_to_monoio_with_what_it_received() {
         return;
     }
     let _serial = serial();
+    let baseline = open_fds();
     block_on(Engine::IoUring, async {
         let (mut client, server) = pair().await;
         let (mut rd, wr) = on_ring(server, GroupKind::Plain).into_split();
@@ -353,6 +354,8 @@ fn a_socket_goes_back_to_monoio_with_what_it_received() {
         assert!(matches!(wrong, Err(Error::Usage(_))));
     })
     .unwrap();
+    // The refused socket was closed, the handed-back one with its stream.
+    assert_fds_back_to(baseline, "after handing sockets back");
 }
 
 #[test]

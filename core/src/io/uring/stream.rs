@@ -46,7 +46,7 @@ pub(super) struct SockCore {
     /// The monoio stream the socket came from, kept (and its descriptor
     /// open) while the socket is on the ring; dropping it closes the
     /// descriptor through monoio. Taken by [`RingStream::into_io`].
-    held: Cell<Option<Box<dyn Any>>>,
+    held: Option<Box<dyn Any>>,
     /// The `sendmsg` header of gathered sends, kept for reuse.
     msg: Cell<Option<Box<MsgBuf>>>,
     recv: RefCell<RecvState>,
@@ -181,7 +181,7 @@ impl RingStream {
                 ring: ring.0.clone(),
                 fd,
                 group,
-                held: Cell::new(Some(held)),
+                held: Some(held),
                 msg: Cell::new(None),
                 recv: RefCell::new(RecvState {
                     armed: None,
@@ -258,20 +258,16 @@ impl RingStream {
                 rest.extend_from_slice(&c);
             }
         }
-        let sock = Rc::try_unwrap(self.sock)
+        let mut sock = Rc::try_unwrap(self.sock)
             .map_err(|_| Error::Usage("ring socket: an operation is still in flight"))?;
-        let held = sock.held.take().ok_or(Error::Usage(
-            "ring socket: its stream was handed back already",
-        ))?;
-        match held.downcast::<IO>() {
-            Ok(io) => Ok((*io, rest)),
-            Err(held) => {
-                sock.held.set(Some(held));
-                Err(Error::Usage(
-                    "ring socket: not the stream type it came from",
-                ))
-            }
-        }
+        // A stream of another type is dropped here: monoio closes it.
+        sock.held
+            .take()
+            .and_then(|held| held.downcast::<IO>().ok())
+            .map(|io| (*io, rest))
+            .ok_or(Error::Usage(
+                "ring socket: not the stream type it came from",
+            ))
     }
 }
 
